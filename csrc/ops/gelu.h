@@ -1,0 +1,17 @@
+#pragma once
+// tanh-GELU and the sigmoid "fast" GELU: elementwise, one read and one write.
+#include <ATen/core/Tensor.h>
+
+#include "ops/cpu/dispatch.h"
+
+namespace fusegraph {
+
+// out[i] = f(x[i]) over `numel` contiguous elements of x's dtype.
+using gelu_fn = void (*)(const at::Tensor& x, at::Tensor& out);
+FG_DECLARE_CPU_STUB(gelu_tanh_stub, gelu_fn);
+FG_DECLARE_CPU_STUB(fast_gelu_stub, gelu_fn);
+
+// Validates x for op `op` ("gelu_tanh" / "fast_gelu") on any device.
+void check_gelu_args(const at::Tensor& x, const char* op);
+
+}  // namespace fusegraph

@@ -1,0 +1,22 @@
+// The fusegraph operator library: every schema lives here, so the whole op surface is readable in one
+// place. Kernels register per op file (TORCH_LIBRARY_IMPL(fusegraph, CPU|CUDA, m)); fake (meta) kernels
+// are Python (fusegraph/ops/*.py, torch.library.register_fake) so they handle symbolic shapes.
+#include <torch/library.h>
+
+TORCH_LIBRARY(fusegraph, m) {
+  // set_python_module applies to the defs after it: it names the module that holds each op's fake kernel.
+  m.set_python_module("fusegraph.ops.rms_norm");
+  m.def("rms_norm(Tensor x, Tensor? weight=None, float eps=1e-06, *, Tensor? bias=None, str style=\"torch\") -> Tensor");
+  m.set_python_module("fusegraph.ops.rope");
+  m.def("rope(Tensor x, Tensor cos, Tensor sin, *, bool interleaved=True) -> Tensor");
+  m.set_python_module("fusegraph.ops.adaln");
+  m.def(
+      "adaln(Tensor x, Tensor scale, Tensor shift, float eps=1e-06, *, Tensor? weight=None, Tensor? bias=None, "
+      "ScalarType? out_dtype=None) -> Tensor");
+  m.set_python_module("fusegraph.ops.gelu");
+  m.def("gelu_tanh(Tensor x) -> Tensor");
+  m.def("fast_gelu(Tensor x) -> Tensor");
+  m.set_python_module("fusegraph.ops.mul_add");
+  m.def("mul_add(Tensor a, Tensor b, Tensor c, *, ScalarType? out_dtype=None) -> Tensor");
+  m.def("mul_add.Scalar(Tensor a, Scalar b, Tensor c, *, ScalarType? out_dtype=None) -> Tensor");
+}

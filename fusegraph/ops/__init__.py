@@ -1,0 +1,12 @@
+"""Fused operators: documented wrappers over ``torch.ops.fusegraph.*`` plus their fake kernels.
+
+Every op computes in float32 and rounds once to its output dtype; inputs are float32, bfloat16 or
+float16 and may be non-contiguous views. Each wrapper's docstring states the exact math.
+"""
+from .adaln import adaln
+from .gelu import fast_gelu, gelu_tanh
+from .mul_add import mul_add
+from .rms_norm import rms_norm
+from .rope import rope
+
+__all__ = ["rms_norm", "rope", "adaln", "gelu_tanh", "fast_gelu", "mul_add"]

@@ -1,0 +1,31 @@
+"""Argument checks shared by the fake (meta) kernels; messages match the C++ ones in csrc/common/checks.h."""
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_float_tensor(t: torch.Tensor, op: str, arg: str) -> None:
+    if t.dtype not in FLOAT_DTYPES:
+        raise RuntimeError(
+            f"fusegraph.{op}: argument '{arg}' has dtype {t.dtype}; expected float32, bfloat16 or float16"
+        )
+
+
+def check_same_device(ref: torch.Tensor, ref_name: str, t: torch.Tensor, op: str, arg: str) -> None:
+    if t.device != ref.device:
+        raise RuntimeError(
+            f"fusegraph.{op}: argument '{arg}' is on {t.device} but '{ref_name}' is on {ref.device}; "
+            "expected both on the same device"
+        )
+
+
+def check_eps(eps: float, op: str) -> None:
+    if not (eps >= 0.0 and eps != float("inf")):
+        raise ValueError(f"fusegraph.{op}: argument 'eps' is {eps}; expected a finite number >= 0")
+
+
+def check_out_dtype(out_dtype, op: str) -> None:
+    if out_dtype is not None and out_dtype not in FLOAT_DTYPES:
+        raise ValueError(
+            f"fusegraph.{op}: argument 'out_dtype' is {out_dtype}; expected float32, bfloat16 or float16"
+        )

@@ -1,0 +1,31 @@
+"""Shared test helpers: dtypes, reference comparison, non-contiguous views."""
+import torch
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+# Tolerances for comparing against a float64 reference rounded to the output dtype: float32 tight,
+# bfloat16 / float16 at torch.testing.assert_close's defaults for that dtype.
+FP32_TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def assert_close_to_reference(out: torch.Tensor, ref64: torch.Tensor, **kw) -> None:
+    """``out`` (any float dtype) against a float64 reference: no NaN anywhere (outputs are poisoned),
+    same shape and dtype as the reference cast, values within the dtype's tolerance."""
+    assert not torch.isnan(out).any(), "output has NaN: some element was never written"
+    expected = ref64.to(out.dtype)
+    tol = FP32_TOL if out.dtype == torch.float32 else {}
+    tol.update(kw)
+    torch.testing.assert_close(out, expected, **tol)
+
+
+def randn(*shape, dtype=torch.float32, scale=1.0, offset=0.0):
+    """Random normal data in float64 first, then cast, so the reference sees exactly the same values."""
+    return (torch.randn(*shape, dtype=torch.float64) * scale + offset).to(dtype)
+
+
+def strided_copy(t: torch.Tensor) -> torch.Tensor:
+    """Same values as ``t`` in a non-contiguous layout (every other element of a 2x-wide buffer)."""
+    buf = torch.empty(*t.shape[:-1], t.shape[-1] * 2, dtype=t.dtype)
+    view = buf[..., ::2]
+    view.copy_(t)
+    assert not view.is_contiguous() or t.numel() <= 1
+    return view
