@@ -1,0 +1,33 @@
+"""Command line: ``python -m fusegraph demo`` and ``python -m fusegraph bench <subject> [options]``.
+
+Each bench subject is a module ``fusegraph.bench.<subject>`` with ``main(argv) -> int``; the demo is
+``fusegraph.bench.demo``. Adding a subject needs no change here.
+"""
+import importlib
+import pkgutil
+import sys
+
+import fusegraph.bench
+
+
+def _subjects():
+    return sorted(m.name for m in pkgutil.iter_modules(fusegraph.bench.__path__) if not m.name.startswith("_")
+                  and m.name not in ("demo", "timing"))
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    usage = f"usage: python -m fusegraph demo | bench {{{','.join(_subjects())}}} [options]"
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage)
+        return 0 if argv else 2
+    if argv[0] == "demo":
+        return importlib.import_module("fusegraph.bench.demo").main(argv[1:])
+    if argv[0] == "bench" and len(argv) >= 2 and argv[1] in _subjects():
+        return importlib.import_module(f"fusegraph.bench.{argv[1]}").main(argv[2:])
+    print(usage, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

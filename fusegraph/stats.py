@@ -1,0 +1,38 @@
+"""What happened: one stats object per Backend and per GraphRunner (SPEC §1.3)."""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+PATTERN_NAMES = ("rms_norm", "rope", "adaln", "gelu", "mul_add")
+
+
+@dataclass
+class Stats:
+    """Counters for one backend or runner. Names are part of the API; add fields, never rename."""
+
+    patterns: dict = field(default_factory=lambda: {name: 0 for name in PATTERN_NAMES})
+    graphs_compiled: int = 0
+    graphs_captured: int = 0
+    replays: int = 0
+    inputs_copied: int = 0
+    inputs_skipped: int = 0
+    evictions: int = 0
+    recaptures: int = 0
+    fallbacks: dict = field(default_factory=dict)  # reason -> count
+    capture_seconds: float = 0.0
+    compile_seconds: float = 0.0
+    graph_memory_bytes: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add_fallback(self, reason: str) -> None:
+        with self._lock:
+            self.fallbacks[reason] = self.fallbacks.get(reason, 0) + 1
+
+    def add_patterns(self, counts: dict) -> None:
+        with self._lock:
+            for name, n in counts.items():
+                self.patterns[name] = self.patterns.get(name, 0) + n
+
+    def as_dict(self) -> dict:
+        return {k: (dict(v) if isinstance(v, dict) else v) for k, v in self.__dict__.items() if not k.startswith("_")}
