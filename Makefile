@@ -16,7 +16,6 @@ $(PY):
 	$(PYTHON_BOOT) -m venv $(VENV)
 
 $(DEPS_STAMP): requirements.txt pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet --upgrade "pip>=23.2"
 	$(PY) -m pip install --quiet -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
