@@ -26,7 +26,8 @@ __global__ void mul_add_kernel(const MulAddParams p) {
     const int64_t a_row = row_offset(p.layout, p.a, idx);
     const int64_t b_row = row_offset(p.layout, p.b, idx);
     const int64_t c_row = row_offset(p.layout, p.c, idx);
-    for (int64_t col = static_cast<int64_t>(threadIdx.x) * VEC; col < cols; col += blockDim.x * VEC) {
+    for (int64_t col = (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x) * VEC; col < cols;
+         col += static_cast<int64_t>(gridDim.y) * blockDim.x * VEC) {
       float a[VEC], b[VEC], c[VEC];
       load_elems<VEC, kVec>(p.a.data, a_row + col * p.a.inner_stride, p.a.inner_stride, p.a.dtype, a);
       if (p.b.data != nullptr) {
@@ -45,8 +46,12 @@ __global__ void mul_add_kernel(const MulAddParams p) {
 
 template <int VEC, bool kVec>
 cudaError_t launch_mul_add_vec(const MulAddParams& p, cudaStream_t stream) {
-  const dim3 block = block_2d(ceil_div(p.layout.cols, VEC));
-  mul_add_kernel<VEC, kVec><<<grid_for(ceil_div(p.layout.rows, block.y)), block, 0, stream>>>(p);
+  // x: tiles of rows, y: tiles of columns (a long 1-D tensor is one row), both grid-stride.
+  const int64_t chunks = ceil_div(p.layout.cols, VEC);
+  const dim3 block = block_2d(chunks);
+  const int64_t col_tiles = ceil_div(chunks, block.x);
+  const dim3 grid(grid_for(ceil_div(p.layout.rows, block.y)), static_cast<unsigned>(col_tiles < 65535 ? col_tiles : 65535));
+  mul_add_kernel<VEC, kVec><<<grid, block, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
