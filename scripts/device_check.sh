@@ -39,7 +39,12 @@ skip() {
 # ---- environment ----
 {
   echo "date: $(date -u)"; echo "host: $(hostname)"; echo "python: $PY"
-  "$PY" -c "import sys, torch; print('python', sys.version.split()[0]); print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available()); print('device', torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)"
+  "$PY" - <<'EOF'
+import sys, torch
+print("python", sys.version.split()[0])
+print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
+print("device", torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
+EOF
   nvidia-smi || echo "nvidia-smi not available"
   cmake --version | head -1; command -v ninja && ninja --version
 } 2>&1 | tee "$OUT/env.log"
@@ -74,7 +79,10 @@ if [ -f "$BUILD_DIR/CMakeCache.txt" ] && ! grep -q "Python_EXECUTABLE:FILEPATH=$
 fi
 step configure 120 cmake "${CMAKE_ARGS[@]}"
 step build 330 cmake --build "$BUILD_DIR" -j "$JOBS"
-step has_cuda 60 "$PY" -c "import fusegraph, torch; assert fusegraph._C.has_cuda_kernels(), 'built without CUDA kernels'; assert torch.cuda.is_available(); print('fusegraph CUDA kernels: yes')"
+step has_cuda 60 "$PY" -c "import fusegraph, torch
+assert fusegraph._C.has_cuda_kernels(), 'fusegraph._C was built without CUDA kernels'
+assert torch.cuda.is_available(), 'torch sees no CUDA device'
+print('fusegraph CUDA kernels: yes')"
 
 # ---- tests ----
 if [ "$HAVE_GTEST" = 1 ]; then

@@ -360,38 +360,44 @@ def test_mul_add_scalar_overload(dtype):
 
 # ---------------------------------------------------------------------------------------------- all ops
 def cases():
-    """(name, op overload, args, kwargs) for opcheck and the cross-device comparison."""
+    """name -> (op overload, args, kwargs) for opcheck and the cross-device comparison."""
     x = crandn(2, 5, 64, dtype=torch.bfloat16)
     w = crandn(64, dtype=torch.bfloat16)
     emb = crandn(2, 1, 3 * 64, dtype=torch.bfloat16)
     scale, shift, gate = emb.chunk(3, dim=-1)
     q = crandn(2, 3, 5, 64, dtype=torch.float16)
+    q_seq_first = q.transpose(1, 2)  # [B,S,H,D] view
     cos, sin = rope_tables(5, 64, torch.float32)
-    return [
+    table = [
         ("rms_norm", ops.rms_norm.default, (x, w, 1e-6), {"style": "torch"}),
         ("rms_norm_diffusers", ops.rms_norm.default, (x, w, 1e-6), {"bias": w, "style": "diffusers"}),
         ("adaln", ops.adaln.default, (x, scale, shift, 1e-6), {"weight": w, "bias": w}),
         ("rope", ops.rope.default, (q, cos, sin), {"interleaved": True}),
-        ("rope_half", ops.rope.default, (q.transpose(1, 2), cos[:, None], sin[:, None]), {"interleaved": False}),
+        ("rope_half", ops.rope.default, (q_seq_first, cos[None, :, None], sin[None, :, None]), {"interleaved": False}),
         ("gelu_tanh", ops.gelu_tanh.default, (x.float(),), {}),
         ("fast_gelu", ops.fast_gelu.default, (x.half().mT,), {}),
         ("mul_add", ops.mul_add.default, (x, gate, x), {}),
         ("mul_add_mixed", ops.mul_add.default, (x, gate.float(), x), {"out_dtype": torch.bfloat16}),
         ("mul_add_scalar", ops.mul_add.Scalar, (x, 0.5, x.float()), {}),
     ]
+    return {name: (op, args, kwargs) for name, op, args, kwargs in table}
 
 
-@pytest.mark.parametrize("index", range(10))
-def test_opcheck_on_cuda(index):
-    name, op, args, kwargs = cases()[index]
+CASES = ["rms_norm", "rms_norm_diffusers", "adaln", "rope", "rope_half", "gelu_tanh", "fast_gelu", "mul_add",
+         "mul_add_mixed", "mul_add_scalar"]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_opcheck_on_cuda(name):
+    op, args, kwargs = cases()[name]
     torch.library.opcheck(op, args, kwargs)
 
 
-@pytest.mark.parametrize("index", range(10))
-def test_matches_cpu_kernel(index):
+@pytest.mark.parametrize("name", CASES)
+def test_matches_cpu_kernel(name):
     """The CUDA and CPU kernels compute the same function (fp32 math both sides; fp16/bf16 outputs may
     differ by one rounding step)."""
-    name, op, args, kwargs = cases()[index]
+    op, args, kwargs = cases()[name]
     out = op(*args, **kwargs)
     to_cpu = lambda v: v.cpu() if isinstance(v, torch.Tensor) else v  # noqa: E731
     expected = op(*[to_cpu(a) for a in args], **{k: to_cpu(v) for k, v in kwargs.items()})
@@ -399,9 +405,9 @@ def test_matches_cpu_kernel(index):
     torch.testing.assert_close(out.cpu(), expected)
 
 
-@pytest.mark.parametrize("index", range(10))
-def test_bitwise_deterministic(index):
-    name, op, args, kwargs = cases()[index]
+@pytest.mark.parametrize("name", CASES)
+def test_bitwise_deterministic(name):
+    op, args, kwargs = cases()[name]
     assert torch.equal(op(*args, **kwargs), op(*args, **kwargs))
 
 

@@ -19,7 +19,7 @@ struct AdalnParams {
 };
 
 template <int VEC, bool kVec>
-__global__ void adaln_kernel(const AdalnParams p) {
+__global__ void __launch_bounds__(1024) adaln_kernel(const AdalnParams p) {
   __shared__ float smem[32];
   const int64_t cols = p.layout.cols;
   const int64_t row_step = static_cast<int64_t>(gridDim.x) * blockDim.y;

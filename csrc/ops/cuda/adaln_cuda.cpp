@@ -1,7 +1,7 @@
 // CUDA entry point of fusegraph::adaln: scale/shift enter as broadcast views (no copy of a [B,1,D] chunk).
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include "common/output.h"
@@ -33,7 +33,7 @@ at::Tensor adaln_cuda(const at::Tensor& x_in, const at::Tensor& scale_in, const 
   }
   C10_CUDA_CHECK(cuda::launch_adaln(*layout, ops[0], ops[1], ops[2], cuda::row_vector(weight), cuda::row_vector(bias),
                                     out.data_ptr(), cuda::to_dtype(out_dtype), static_cast<float>(eps),
-                                    at::cuda::getCurrentCUDAStream()));
+                                    c10::cuda::getCurrentCUDAStream()));
   return out;
 }
 

@@ -199,14 +199,14 @@ inline bool aligned_for(const Operand& op, int vec) {
 }
 
 inline bool strides_allow(const RowLayout& layout, const Operand& op, int vec) {
-  if (op.data == nullptr) return true;
+  if (op.data == nullptr || op.inner_stride == 0) return true;  // broadcast along the row: scalar loads
   for (int d = 0; d < layout.ndim; ++d) {
     if (op.outer_strides[d] % vec != 0) return false;
   }
   return true;
 }
 
-// The widest vector (8, 4, 2 elements) every operand allows, or 1 (scalar path). `cols_per_vec_unit` is
+// The widest vector (8, 4, 2 elements) every operand allows, or 1 (scalar path). `cols_unit` is
 // the length that must divide by the width (the row, or half of it for rotate-half rope).
 template <int NOps>
 inline int choose_vec(const RowLayout& layout, const Operand* const (&ops)[NOps], int64_t cols_unit,

@@ -20,7 +20,7 @@ struct GeluSigmoid {
 };
 
 template <typename F, int VEC, bool kVec>
-__global__ void gelu_kernel(const void* x, DType dtype, void* out, int64_t n) {
+__global__ void __launch_bounds__(256) gelu_kernel(const void* x, DType dtype, void* out, int64_t n) {
   const F f;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;

@@ -1,7 +1,7 @@
 // CUDA entry points of fusegraph::gelu_tanh and fusegraph::fast_gelu.
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include "common/output.h"
@@ -18,7 +18,7 @@ at::Tensor run_cuda(const at::Tensor& x_in, const char* op, cuda::GeluKind kind)
   const at::Tensor x = x_in.contiguous();
   at::Tensor out = new_output(x.sizes(), x.options());
   C10_CUDA_CHECK(cuda::launch_gelu(kind, x.const_data_ptr(), cuda::to_dtype(x.scalar_type()), out.data_ptr(),
-                                   x.numel(), at::cuda::getCurrentCUDAStream()));
+                                   x.numel(), c10::cuda::getCurrentCUDAStream()));
   return out;
 }
 

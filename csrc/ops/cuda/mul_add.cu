@@ -16,7 +16,7 @@ struct MulAddParams {
 };
 
 template <int VEC, bool kVec>
-__global__ void mul_add_kernel(const MulAddParams p) {
+__global__ void __launch_bounds__(256) mul_add_kernel(const MulAddParams p) {
   const int64_t cols = p.layout.cols;
   const int64_t row_step = static_cast<int64_t>(gridDim.x) * blockDim.y;
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; row < p.layout.rows;
@@ -50,7 +50,8 @@ cudaError_t launch_mul_add_vec(const MulAddParams& p, cudaStream_t stream) {
   const int64_t chunks = ceil_div(p.layout.cols, VEC);
   const dim3 block = block_2d(chunks);
   const int64_t col_tiles = ceil_div(chunks, block.x);
-  const dim3 grid(grid_for(ceil_div(p.layout.rows, block.y)), static_cast<unsigned>(col_tiles < 65535 ? col_tiles : 65535));
+  const dim3 grid(grid_for(ceil_div(p.layout.rows, block.y)),
+                  static_cast<unsigned>(col_tiles < 65535 ? col_tiles : 65535));
   mul_add_kernel<VEC, kVec><<<grid, block, 0, stream>>>(p);
   return cudaGetLastError();
 }

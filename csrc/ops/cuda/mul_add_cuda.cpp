@@ -1,9 +1,9 @@
 // CUDA entry points of fusegraph::mul_add (tensor b) and mul_add.Scalar (number b): operands enter as
 // broadcast views of the output shape, so a [B,1,D] gate chunk or a per-token [B,S,1] gate is not copied.
 #include <ATen/ExpandUtils.h>
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include "common/output.h"
@@ -37,7 +37,7 @@ at::Tensor run_cuda(const at::Tensor& a_in, const at::Tensor& b_in, float b_scal
   }
   if (!b_in.defined()) ops[1] = cuda::Operand{};
   C10_CUDA_CHECK(cuda::launch_mul_add(*layout, ops[0], ops[1], b_scalar, ops[2], out.data_ptr(),
-                                      cuda::to_dtype(out_dtype), at::cuda::getCurrentCUDAStream()));
+                                      cuda::to_dtype(out_dtype), c10::cuda::getCurrentCUDAStream()));
   return out;
 }
 

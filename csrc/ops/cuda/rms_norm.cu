@@ -21,7 +21,7 @@ struct RmsNormParams {
 };
 
 template <int VEC, bool kVec>
-__global__ void rms_norm_kernel(const RmsNormParams p) {
+__global__ void __launch_bounds__(1024) rms_norm_kernel(const RmsNormParams p) {
   __shared__ float smem[32];
   const int64_t cols = p.layout.cols;
   const int64_t row_step = static_cast<int64_t>(gridDim.x) * blockDim.y;

@@ -1,7 +1,7 @@
 // CUDA entry point of fusegraph::rms_norm: shared validation, output allocation, launch on the current stream.
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include "common/output.h"
@@ -29,7 +29,7 @@ at::Tensor rms_norm_cuda(const at::Tensor& x_in, const std::optional<at::Tensor>
   }
   C10_CUDA_CHECK(cuda::launch_rms_norm(*layout, x_op, cuda::row_vector(weight), cuda::row_vector(bias),
                                        out.data_ptr(), cuda::to_dtype(out_dtype), static_cast<float>(eps),
-                                       style == RmsNormStyle::Diffusers, at::cuda::getCurrentCUDAStream()));
+                                       style == RmsNormStyle::Diffusers, c10::cuda::getCurrentCUDAStream()));
   return out;
 }
 

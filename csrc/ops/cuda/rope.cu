@@ -16,7 +16,7 @@ struct RopeParams {
 
 // Interleaved pairs (x0, x1) -> (x0 c0 - x1 s0, x1 c1 + x0 s1); a thread takes VEC (even) elements.
 template <int VEC, bool kVec>
-__global__ void rope_interleaved_kernel(const RopeParams p) {
+__global__ void __launch_bounds__(256) rope_interleaved_kernel(const RopeParams p) {
   static_assert(VEC % 2 == 0, "pairs must not straddle threads");
   const int64_t cols = p.layout.cols;
   const int64_t row_step = static_cast<int64_t>(gridDim.x) * blockDim.y;
@@ -45,7 +45,7 @@ __global__ void rope_interleaved_kernel(const RopeParams p) {
 // Rotate-half: with h = D/2, out[j] = x[j] c[j] - x[j+h] s[j], out[j+h] = x[j+h] c[j+h] + x[j] s[j+h];
 // a thread takes VEC elements of the first half and the matching VEC of the second.
 template <int VEC, bool kVec>
-__global__ void rope_half_kernel(const RopeParams p) {
+__global__ void __launch_bounds__(256) rope_half_kernel(const RopeParams p) {
   const int64_t cols = p.layout.cols;
   const int64_t half = cols / 2;
   const int64_t row_step = static_cast<int64_t>(gridDim.x) * blockDim.y;

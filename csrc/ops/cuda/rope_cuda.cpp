@@ -1,8 +1,8 @@
 // CUDA entry point of fusegraph::rope: cos/sin are read through broadcast strides; x needs only a
 // unit-stride last dim ([B,S,H,D] and [B,H,S,D] views of a projection need no copy).
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include "common/output.h"
@@ -27,7 +27,7 @@ at::Tensor rope_cuda(const at::Tensor& x_in, const at::Tensor& cos_in, const at:
   TORCH_INTERNAL_ASSERT(layout.has_value(), "rope: a rank-4 x leaves at most 3 leading dims");
   for (const cuda::Operand& op : ops) TORCH_INTERNAL_ASSERT(op.inner_stride == 1, "rope: head dim not unit-stride");
   C10_CUDA_CHECK(cuda::launch_rope(*layout, ops[0], ops[1], ops[2], out.data_ptr(), interleaved,
-                                   at::cuda::getCurrentCUDAStream()));
+                                   c10::cuda::getCurrentCUDAStream()));
   return out;
 }
 
