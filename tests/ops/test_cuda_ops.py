@@ -58,9 +58,11 @@ def rms_norm_ref(x, weight, eps, bias, style):
 
 
 def rms_norm_dtype(x, weight, style):
-    if style == "torch":  # whatever torch.rms_norm returns for these dtypes
-        return torch.rms_norm(x.cpu(), (x.shape[-1],), None if weight is None else weight.cpu()).dtype
-    return x.dtype if weight is None else weight.dtype
+    """SPEC §2: torch style casts once to x.dtype; diffusers style gives weight.dtype for an fp16/bf16
+    weight, float32 for an fp32 weight, x.dtype without a weight."""
+    if style == "torch" or weight is None:
+        return x.dtype
+    return weight.dtype if weight.dtype != torch.float32 else torch.float32
 
 
 @pytest.mark.parametrize("style", ["torch", "diffusers"])

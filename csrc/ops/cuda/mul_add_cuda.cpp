@@ -44,8 +44,6 @@ at::Tensor run_cuda(const at::Tensor& a_in, const at::Tensor& b_in, float b_scal
 at::Tensor mul_add_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& c,
                         std::optional<at::ScalarType> out_dtype) {
   const at::ScalarType dtype = check_mul_add_args(a, b, c, out_dtype);
-  // A CPU 0-dim b (eager PyTorch allows it next to CUDA tensors) is a number, read without a device sync.
-  if (b.dim() == 0 && b.device().is_cpu()) return run_cuda(a, at::Tensor(), b.item<float>(), c, dtype);
   return run_cuda(a, b, 0.0f, c, dtype);
 }
 
