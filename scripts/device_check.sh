@@ -101,6 +101,68 @@ fi
 step cuda_tests 150 "$PY" -m pytest tests/ops/test_cuda_ops.py -q -p no:cacheprovider --durations=10 -rs
 step op_tests 120 "$PY" -m pytest tests/ops -q -p no:cacheprovider --ignore=tests/ops/test_cuda_ops.py -rs
 
+# ---- quick kernel timing (independent of the bench CLI): fused op vs eager vs a copy of the same bytes ----
+step cuda_timing 90 "$PY" - "$OUT/cuda_kernel_timing.json" <<'PYEOF'
+import json, sys
+import torch
+import torch.nn.functional as F
+import fusegraph  # noqa: F401
+ops = torch.ops.fusegraph
+dev, bf16 = "cuda", torch.bfloat16
+B, S, D, H, HD = 2, 4096, 3072, 24, 128
+x = torch.randn(B, S, D, device=dev, dtype=bf16)
+w = torch.randn(D, device=dev, dtype=bf16)
+emb = torch.randn(B, 1, 6 * D, device=dev, dtype=bf16)
+shift, scale, gate = emb.chunk(6, dim=-1)[:3]
+y = torch.randn_like(x)
+q = torch.randn(B, H, S, HD, device=dev, dtype=bf16)
+ang = torch.randn(S, HD, device=dev)
+cos, sin = ang.cos(), ang.sin()
+
+
+def rot_half(t):
+    return torch.cat([-t[..., HD // 2:], t[..., :HD // 2]], dim=-1)
+
+
+# name: (fused, eager, bytes a fused kernel must move: inputs read once + output written once)
+cases = {
+    "rms_norm": (lambda: ops.rms_norm(x, w, 1e-6), lambda: torch.rms_norm(x, (D,), w, 1e-6), 2 * x.nbytes),
+    "adaln": (lambda: ops.adaln(x, scale, shift, 1e-6),
+              lambda: F.layer_norm(x, (D,), eps=1e-6) * (1 + scale) + shift, 2 * x.nbytes),
+    "rope_half": (lambda: ops.rope(q, cos, sin, interleaved=False),
+                  lambda: (q.float() * cos + rot_half(q).float() * sin).to(bf16), 2 * q.nbytes + 2 * cos.nbytes),
+    "gelu_tanh": (lambda: ops.gelu_tanh(x), lambda: F.gelu(x, approximate="tanh"), 2 * x.nbytes),
+    "fast_gelu": (lambda: ops.fast_gelu(x), lambda: x * torch.sigmoid(1.702 * x), 2 * x.nbytes),
+    "mul_add": (lambda: ops.mul_add(y, gate, x), lambda: x + gate * y, 3 * x.nbytes),
+}
+
+
+def ms(fn, iters=50):
+    for _ in range(5):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+results = {}
+print(f"{'op':10s} {'fused ms':>9s} {'eager ms':>9s} {'copy ms':>9s} {'fused GB/s':>10s} {'max|diff|':>10s}")
+for name, (fused, eager, nbytes) in cases.items():
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device=dev)  # copy: reads and writes nbytes in all
+    dst = torch.empty_like(src)
+    t_f, t_e, t_c = ms(fused), ms(eager), ms(lambda: dst.copy_(src))
+    diff = (fused().float() - eager().float()).abs().max().item()
+    results[name] = dict(fused_ms=t_f, eager_ms=t_e, copy_ms=t_c, bytes=nbytes, fused_gbps=nbytes / t_f / 1e6,
+                         max_abs_diff_vs_eager=diff)
+    print(f"{name:10s} {t_f:9.4f} {t_e:9.4f} {t_c:9.4f} {nbytes / t_f / 1e6:10.1f} {diff:10.3g}")
+json.dump(dict(device=torch.cuda.get_device_name(0), torch=torch.__version__,
+               shapes=dict(B=B, S=S, D=D, H=H, HD=HD), results=results), open(sys.argv[1], "w"), indent=1)
+PYEOF
+
 # ---- benchmark (another helper's command; run it only when it exists) ----
 if [ -f fusegraph/bench/ops.py ] || [ -d fusegraph/bench/ops ]; then
   step bench_ops 90 "$PY" -m fusegraph bench ops --device cuda --json "$OUT/bench_ops_cuda.json"
