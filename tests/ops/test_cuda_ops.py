@@ -57,6 +57,14 @@ def rms_norm_ref(x, weight, eps, bias, style):
     return y
 
 
+def rms_norm_tol(weight, style, out_dtype):
+    """diffusers style with a half weight: the reference rounds the float64 normalised value where the
+    kernel rounds the float32 one, so an intermediate rounding may flip by one ulp: two ulps allowed."""
+    if style != "diffusers" or weight is None or weight.dtype == torch.float32 or out_dtype == torch.float32:
+        return {}
+    return dict(rtol=2 * torch.finfo(out_dtype).eps, atol=1e-5)
+
+
 def rms_norm_dtype(x, weight, style):
     """SPEC §2: torch style casts once to x.dtype; diffusers style gives weight.dtype for an fp16/bf16
     weight, float32 for an fp32 weight, x.dtype without a weight."""
@@ -73,7 +81,7 @@ def test_rms_norm_matches_float64_reference(style, dtype, shape):
     w = crandn(shape[-1], dtype=dtype, offset=1.0)
     out = ops.rms_norm(x, w, 1e-6, style=style)
     assert out.dtype == rms_norm_dtype(x, w, style) and out.shape == x.shape and out.is_contiguous()
-    assert_close_to_reference(out, rms_norm_ref(x, w, 1e-6, None, style))
+    assert_close_to_reference(out, rms_norm_ref(x, w, 1e-6, None, style), **rms_norm_tol(w, style, out.dtype))
 
 
 @pytest.mark.parametrize("style", ["torch", "diffusers"])
@@ -85,7 +93,7 @@ def test_rms_norm_no_weight_and_bias(style, dtype):
     assert_close_to_reference(out, rms_norm_ref(x, None, 1e-5, None, style))
     w, b = crandn(96, dtype=dtype), crandn(96, dtype=dtype)
     out = ops.rms_norm(x, w, 1e-5, bias=b, style=style)
-    assert_close_to_reference(out, rms_norm_ref(x, w, 1e-5, b, style))
+    assert_close_to_reference(out, rms_norm_ref(x, w, 1e-5, b, style), **rms_norm_tol(w, style, out.dtype))
 
 
 @pytest.mark.parametrize("style", ["torch", "diffusers"])
