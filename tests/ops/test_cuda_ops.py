@@ -445,3 +445,18 @@ def test_runs_on_the_current_stream_and_device():
 def test_mixed_devices_rejected(call, arg):
     with pytest.raises(RuntimeError, match=rf"argument '{arg}' is on cpu"):
         call()
+
+
+def test_dit_block_traces_under_compile_fullgraph():
+    """The ops compose inside one compiled graph on CUDA tensors (fake kernels + CUDA kernels)."""
+    def block(x, emb, w, cos, sin):
+        shift, scale, gate = emb.chunk(3, dim=-1)
+        h = ops.adaln(x, scale, shift, 1e-6)
+        q = ops.rms_norm(h.view(2, 5, 2, 32), w, 1e-6).transpose(1, 2)
+        q = ops.rope(q, cos, sin, interleaved=True).transpose(1, 2).reshape(2, 5, 64)
+        return ops.mul_add(ops.gelu_tanh(q), gate, x)
+
+    args = (crandn(2, 5, 64, dtype=torch.bfloat16), crandn(2, 1, 192, dtype=torch.bfloat16),
+            crandn(32, dtype=torch.bfloat16), *rope_tables(5, 32, torch.float32))
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(*args), block(*args), rtol=0, atol=0)
