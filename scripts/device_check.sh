@@ -70,7 +70,8 @@ echo "nvcc: ${NVCC:-NOT FOUND}" | tee -a "$OUT/env.log"
 
 # ---- build ----
 CMAKE_ARGS=(-S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$PY")
-command -v ninja >/dev/null && CMAKE_ARGS+=(-G Ninja)
+GENERATOR="$(command -v ninja >/dev/null && echo Ninja || echo 'Unix Makefiles')"
+CMAKE_ARGS+=(-G "$GENERATOR")
 if [ -n "$NVCC" ]; then
   CMAKE_ARGS+=(-DNVCC_EXECUTABLE="$NVCC")
   export CUDA_HOME="${CUDA_HOME:-$(dirname "$(dirname "$NVCC")")}"
@@ -82,8 +83,12 @@ for f in /usr/lib/x86_64-linux-gnu/libgtest.a /usr/lib/aarch64-linux-gnu/libgtes
 done
 [ "$HAVE_GTEST" = 1 ] || CMAKE_ARGS+=(-DFUSEGRAPH_BUILD_TESTS=OFF)
 # A cache from another generator or torch would fail the configure: start clean when it does not match.
-if [ -f "$BUILD_DIR/CMakeCache.txt" ] && ! grep -q "Python_EXECUTABLE:FILEPATH=$PY" "$BUILD_DIR/CMakeCache.txt"; then
-  rm -rf "$BUILD_DIR"
+if [ -f "$BUILD_DIR/CMakeCache.txt" ]; then
+  if ! grep "^Python_EXECUTABLE:" "$BUILD_DIR/CMakeCache.txt" | grep -qF "=$PY" ||
+     ! grep -qF "CMAKE_GENERATOR:INTERNAL=$GENERATOR" "$BUILD_DIR/CMakeCache.txt"; then
+    echo "stale $BUILD_DIR (other python or generator): starting clean"
+    rm -rf "$BUILD_DIR"
+  fi
 fi
 step configure 90 cmake "${CMAKE_ARGS[@]}"
 step build 270 cmake --build "$BUILD_DIR" -j "$JOBS"
