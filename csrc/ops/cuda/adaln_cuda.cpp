@@ -1,0 +1,44 @@
+// CUDA entry point of fusegraph::adaln: scale/shift enter as broadcast views (no copy of a [B,1,D] chunk).
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include "common/output.h"
+#include "ops/adaln.h"
+#include "ops/cuda/launch.h"
+#include "ops/cuda/tensor_args.h"
+
+namespace fusegraph {
+namespace {
+
+at::Tensor adaln_cuda(const at::Tensor& x_in, const at::Tensor& scale_in, const at::Tensor& shift_in, double eps,
+                      const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                      std::optional<at::ScalarType> out_dtype_opt) {
+  const at::ScalarType out_dtype = check_adaln_args(x_in, scale_in, shift_in, eps, weight, bias, out_dtype_opt);
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  at::Tensor out = new_output(x_in.sizes(), x_in.options().dtype(out_dtype));
+  if (out.numel() == 0) return out;
+
+  at::Tensor x = x_in;
+  at::Tensor scale = scale_in.expand(x.sizes());
+  at::Tensor shift = shift_in.expand(x.sizes());
+  cuda::Operand ops[3];
+  std::optional<cuda::RowLayout> layout = cuda::plan_rows(x.sizes(), {&x, &scale, &shift}, ops);
+  if (!layout) {  // more leading dims than the kernel indexes: materialise, then they coalesce
+    x = x.contiguous();
+    scale = scale.contiguous();
+    shift = shift.contiguous();
+    layout = cuda::plan_rows(x.sizes(), {&x, &scale, &shift}, ops);
+  }
+  C10_CUDA_CHECK(cuda::launch_adaln(*layout, ops[0], ops[1], ops[2], cuda::row_vector(weight), cuda::row_vector(bias),
+                                    out.data_ptr(), cuda::to_dtype(out_dtype), static_cast<float>(eps),
+                                    c10::cuda::getCurrentCUDAStream()));
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fusegraph, CUDA, m) { m.impl("adaln", &adaln_cuda); }
+
+}  // namespace fusegraph

@@ -1,0 +1,40 @@
+// CUDA entry point of fusegraph::rms_norm: shared validation, output allocation, launch on the current stream.
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include "common/output.h"
+#include "ops/cuda/launch.h"
+#include "ops/cuda/tensor_args.h"
+#include "ops/rms_norm.h"
+
+namespace fusegraph {
+namespace {
+
+at::Tensor rms_norm_cuda(const at::Tensor& x_in, const std::optional<at::Tensor>& weight, double eps,
+                         const std::optional<at::Tensor>& bias, c10::string_view style_name) {
+  const RmsNormStyle style = parse_rms_norm_style(style_name);
+  const at::ScalarType out_dtype = check_rms_norm_args(x_in, weight, eps, bias, style);
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  at::Tensor out = new_output(x_in.sizes(), x_in.options().dtype(out_dtype));
+  if (out.numel() == 0) return out;
+
+  at::Tensor x = x_in;
+  cuda::Operand x_op;
+  std::optional<cuda::RowLayout> layout = cuda::plan_rows(x.sizes(), {&x}, &x_op);
+  if (!layout) {
+    x = x.contiguous();
+    layout = cuda::plan_rows(x.sizes(), {&x}, &x_op);
+  }
+  C10_CUDA_CHECK(cuda::launch_rms_norm(*layout, x_op, cuda::row_vector(weight), cuda::row_vector(bias),
+                                       out.data_ptr(), cuda::to_dtype(out_dtype), static_cast<float>(eps),
+                                       style == RmsNormStyle::Diffusers, c10::cuda::getCurrentCUDAStream()));
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fusegraph, CUDA, m) { m.impl("rms_norm", &rms_norm_cuda); }
+
+}  // namespace fusegraph

@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# Device check, one call on a GPU machine (no network): build fusegraph._C with CUDA against the
+# installed torch, run the C++ tests, the op tests (CUDA and CPU) and the CUDA op benchmark.
+# Usage (repo root):  OUT=/some/dir scripts/device_check.sh     (OUT defaults to ./out)
+# Every step's output is tee'd to $OUT/<step>.log; a summary is printed at the end and written to
+# $OUT/summary.txt. Exit status: 0 when every step passed, else 1. Budget: BUDGET_S (450 s) for all steps.
+set -uo pipefail  # not -e: a failing step is recorded and the later steps still run
+
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$PWD/out}"
+mkdir -p "$OUT"
+PY="${PYTHON:-$(command -v python3 || command -v python)}"
+BUILD_DIR="${BUILD_DIR:-build-cuda}"
+JOBS="${JOBS:-$(nproc)}"
+START=$(date +%s)
+BUDGET_S="${BUDGET_S:-450}"  # all steps together; each step's timeout is cut to what is left
+declare -a SUMMARY=()
+STATUS=0
+
+# step NAME TIMEOUT_S CMD...: run with a timeout, tee to $OUT/NAME.log, record PASS/FAIL/TIMEOUT.
+step() {
+  local name="$1" limit="$2"
+  shift 2
+  local t0=$(date +%s)
+  local left=$(( START + BUDGET_S - t0 ))
+  if [ "$left" -lt 15 ]; then
+    STATUS=1
+    skip "$name" "out of the ${BUDGET_S}s budget"
+    return 0
+  fi
+  [ "$limit" -le "$left" ] || limit="$left"
+  echo "=== [$name] $* (timeout ${limit}s)" | tee "$OUT/$name.log"
+  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$OUT/$name.log"
+  local rc=${PIPESTATUS[0]}
+  local verdict=PASS
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then verdict=TIMEOUT; elif [ "$rc" -ne 0 ]; then verdict="FAIL(rc=$rc)"; fi
+  [ "$verdict" = PASS ] || STATUS=1
+  SUMMARY+=("$(printf '%-12s %-12s %4ss' "$name" "$verdict" "$(( $(date +%s) - t0 ))")")
+  return 0
+}
+
+skip() {
+  SUMMARY+=("$(printf '%-12s %-12s %s' "$1" SKIPPED "$2")")
+  echo "=== [$1] skipped: $2" | tee "$OUT/$1.log"
+}
+
+# ---- environment ----
+{
+  echo "date: $(date -u)"; echo "host: $(hostname)"; echo "python: $PY"
+  "$PY" - <<'EOF'
+import sys, torch
+print("python", sys.version.split()[0])
+print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
+print("device", torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
+EOF
+  nvidia-smi || echo "nvidia-smi not available"
+  cmake --version | head -1; command -v ninja && ninja --version
+} 2>&1 | tee "$OUT/env.log"
+
+# nvcc: CUDA_HOME, /usr/local/cuda, PATH, then the usual install folders.
+NVCC=""
+for c in "${CUDA_HOME:-}/bin/nvcc" /usr/local/cuda/bin/nvcc "$(command -v nvcc || true)"; do
+  if [ -n "$c" ] && [ -x "$c" ]; then NVCC="$c"; break; fi
+done
+if [ -z "$NVCC" ]; then
+  NVCC="$(find /usr/local /opt /usr/lib -maxdepth 5 -name nvcc -type f -perm -u+x 2>/dev/null | head -1)"
+fi
+echo "nvcc: ${NVCC:-NOT FOUND}" | tee -a "$OUT/env.log"
+[ -n "$NVCC" ] && "$NVCC" --version | tail -2 | tee -a "$OUT/env.log"
+
+# ---- build ----
+CMAKE_ARGS=(-S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$PY")
+GENERATOR="$(command -v ninja >/dev/null && echo Ninja || echo 'Unix Makefiles')"
+CMAKE_ARGS+=(-G "$GENERATOR")
+if [ -n "$NVCC" ]; then
+  CMAKE_ARGS+=(-DNVCC_EXECUTABLE="$NVCC")
+  export CUDA_HOME="${CUDA_HOME:-$(dirname "$(dirname "$NVCC")")}"
+fi
+HAVE_GTEST=0
+for f in /usr/lib/x86_64-linux-gnu/libgtest.a /usr/lib/aarch64-linux-gnu/libgtest.a /usr/lib/libgtest.a \
+         /usr/local/lib/libgtest.a /usr/lib64/libgtest.a; do
+  [ -e "$f" ] && HAVE_GTEST=1
+done
+[ "$HAVE_GTEST" = 1 ] || CMAKE_ARGS+=(-DFUSEGRAPH_BUILD_TESTS=OFF)
+# A cache from another generator or torch would fail the configure: start clean when it does not match.
+if [ -f "$BUILD_DIR/CMakeCache.txt" ]; then
+  if ! grep "^Python_EXECUTABLE:" "$BUILD_DIR/CMakeCache.txt" | grep -qF "=$PY" ||
+     ! grep -qF "CMAKE_GENERATOR:INTERNAL=$GENERATOR" "$BUILD_DIR/CMakeCache.txt"; then
+    echo "stale $BUILD_DIR (other python or generator): starting clean"
+    rm -rf "$BUILD_DIR"
+  fi
+fi
+step configure 90 cmake "${CMAKE_ARGS[@]}"
+step build 270 cmake --build "$BUILD_DIR" -j "$JOBS"
+step has_cuda 30 "$PY" -c "import fusegraph, torch
+assert fusegraph._C.has_cuda_kernels(), 'fusegraph._C was built without CUDA kernels'
+assert torch.cuda.is_available(), 'torch sees no CUDA device'
+print('fusegraph CUDA kernels: yes')"
+
+# ---- tests ----
+if [ "$HAVE_GTEST" = 1 ]; then
+  step cpp_tests 60 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS"
+else
+  skip cpp_tests "no GoogleTest (libgtest.a) on this machine"
+fi
+step cuda_tests 150 "$PY" -m pytest tests/ops/test_cuda_ops.py -q -p no:cacheprovider --durations=10 -rs
+step op_tests 120 "$PY" -m pytest tests/ops -q -p no:cacheprovider --ignore=tests/ops/test_cuda_ops.py -rs
+
+# ---- quick kernel timing (independent of the bench CLI): fused op vs eager vs a copy of the same bytes ----
+step cuda_timing 90 "$PY" - "$OUT/cuda_kernel_timing.json" <<'PYEOF'
+import json, sys
+import torch
+import torch.nn.functional as F
+import fusegraph  # noqa: F401
+ops = torch.ops.fusegraph
+dev, bf16 = "cuda", torch.bfloat16
+B, S, D, H, HD = 2, 4096, 3072, 24, 128
+x = torch.randn(B, S, D, device=dev, dtype=bf16)
+w = torch.randn(D, device=dev, dtype=bf16)
+emb = torch.randn(B, 1, 6 * D, device=dev, dtype=bf16)
+shift, scale, gate = emb.chunk(6, dim=-1)[:3]
+y = torch.randn_like(x)
+q = torch.randn(B, H, S, HD, device=dev, dtype=bf16)
+ang = torch.randn(S, HD, device=dev)
+cos, sin = ang.cos(), ang.sin()
+
+
+def rot_half(t):
+    return torch.cat([-t[..., HD // 2:], t[..., :HD // 2]], dim=-1)
+
+
+# name: (fused, eager, bytes a fused kernel must move: inputs read once + output written once)
+cases = {
+    "rms_norm": (lambda: ops.rms_norm(x, w, 1e-6), lambda: torch.rms_norm(x, (D,), w, 1e-6), 2 * x.nbytes),
+    "adaln": (lambda: ops.adaln(x, scale, shift, 1e-6),
+              lambda: F.layer_norm(x, (D,), eps=1e-6) * (1 + scale) + shift, 2 * x.nbytes),
+    "rope_half": (lambda: ops.rope(q, cos, sin, interleaved=False),
+                  lambda: (q.float() * cos + rot_half(q).float() * sin).to(bf16), 2 * q.nbytes + 2 * cos.nbytes),
+    "gelu_tanh": (lambda: ops.gelu_tanh(x), lambda: F.gelu(x, approximate="tanh"), 2 * x.nbytes),
+    "fast_gelu": (lambda: ops.fast_gelu(x), lambda: x * torch.sigmoid(1.702 * x), 2 * x.nbytes),
+    "mul_add": (lambda: ops.mul_add(y, gate, x), lambda: x + gate * y, 3 * x.nbytes),
+}
+
+
+def ms(fn, iters=50):
+    for _ in range(5):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+results = {}
+print(f"{'op':10s} {'fused ms':>9s} {'eager ms':>9s} {'copy ms':>9s} {'fused GB/s':>10s} {'max|diff|':>10s}")
+for name, (fused, eager, nbytes) in cases.items():
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device=dev)  # copy: reads and writes nbytes in all
+    dst = torch.empty_like(src)
+    t_f, t_e, t_c = ms(fused), ms(eager), ms(lambda: dst.copy_(src))
+    diff = (fused().float() - eager().float()).abs().max().item()
+    results[name] = dict(fused_ms=t_f, eager_ms=t_e, copy_ms=t_c, bytes=nbytes, fused_gbps=nbytes / t_f / 1e6,
+                         max_abs_diff_vs_eager=diff)
+    print(f"{name:10s} {t_f:9.4f} {t_e:9.4f} {t_c:9.4f} {nbytes / t_f / 1e6:10.1f} {diff:10.3g}")
+json.dump(dict(device=torch.cuda.get_device_name(0), torch=torch.__version__,
+               shapes=dict(B=B, S=S, D=D, H=H, HD=HD), results=results), open(sys.argv[1], "w"), indent=1)
+PYEOF
+
+# ---- benchmark (another helper's command; run it only when it exists) ----
+if [ -f fusegraph/bench/ops.py ] || [ -d fusegraph/bench/ops ]; then
+  step bench_ops 90 "$PY" -m fusegraph bench ops --device cuda --json "$OUT/bench_ops_cuda.json"
+else
+  skip bench_ops "'python -m fusegraph bench ops' not available in this tree"
+fi
+
+# ---- summary ----
+{
+  echo "=== summary ($(( $(date +%s) - START ))s in all; logs in $OUT)"
+  for line in "${SUMMARY[@]}"; do echo "  $line"; done
+  grep -hE "^(FAILED|ERROR) " "$OUT"/cuda_tests.log "$OUT"/op_tests.log 2>/dev/null | head -40
+  for t in cuda_tests op_tests; do
+    echo "  $t: $(grep -aE "[0-9]+ (passed|failed|skipped|errors?).* in [0-9.]+s" "$OUT/$t.log" 2>/dev/null | tail -1)"
+  done
+  [ "$STATUS" = 0 ] && echo "RESULT: all steps passed" || echo "RESULT: some steps failed"
+} 2>&1 | tee "$OUT/summary.txt"
+exit "$STATUS"

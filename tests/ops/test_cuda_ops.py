@@ -1,0 +1,462 @@
+"""CUDA kernels of the six fused ops against float64 references (skipped without a GPU).
+
+Each test calls ``torch.ops.fusegraph.*`` on CUDA tensors: every dtype, odd sizes (scalar fallback
+paths), 16-byte aligned sizes (vector paths), misaligned pointers, short rows (one warp per row) and
+long rows (one block per row), non-contiguous / broadcast views as models pass them, mixed input
+dtypes, opcheck, and errors for tensors on different devices.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fusegraph  # noqa: F401  (loads fusegraph._C: registers the ops)
+from tests.helpers import DTYPES, assert_close_to_reference, randn
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+ops = torch.ops.fusegraph
+CUDA = "cuda"
+
+
+def crandn(*shape, dtype=torch.float32, scale=1.0, offset=0.0):
+    return randn(*shape, dtype=dtype, scale=scale, offset=offset).to(CUDA)
+
+
+def misaligned(t: torch.Tensor) -> torch.Tensor:
+    """Same values, contiguous, but starting one element into its buffer (not 16-byte aligned)."""
+    buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    view = buf[1:].view(t.shape)
+    view.copy_(t)
+    assert view.is_contiguous() and view.data_ptr() % 16 != 0
+    return view
+
+
+def strided_last_dim(t: torch.Tensor) -> torch.Tensor:
+    """Same values with a last-dim stride of 2."""
+    buf = torch.empty(*t.shape[:-1], t.shape[-1] * 2, dtype=t.dtype, device=t.device)
+    view = buf[..., ::2]
+    view.copy_(t)
+    return view
+
+
+# Row lengths: odd (scalar path), short aligned (warp per row), long (block per row, several passes).
+ROW_SHAPES = [(1, 1), (7, 33), (3, 5, 128), (2, 3, 3072), (2, 4096 + 5), (2, 12288)]
+
+
+# ---------------------------------------------------------------------------------------------- rms_norm
+def rms_norm_ref(x, weight, eps, bias, style):
+    x64 = x.double()
+    y = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        if style == "diffusers" and weight.dtype != torch.float32:
+            y = (y.to(weight.dtype).double() * weight.double()).to(weight.dtype).double()
+        else:
+            y = y * weight.double()
+    if bias is not None:
+        y = y + bias.double()
+    return y
+
+
+def rms_norm_tol(weight, style, out_dtype):
+    """diffusers style with a half weight: the reference rounds the float64 normalised value where the
+    kernel rounds the float32 one, so an intermediate rounding may flip by one ulp: two ulps allowed."""
+    if style != "diffusers" or weight is None or weight.dtype == torch.float32 or out_dtype == torch.float32:
+        return {}
+    return dict(rtol=2 * torch.finfo(out_dtype).eps, atol=1e-5)
+
+
+def rms_norm_dtype(x, weight, style):
+    """SPEC §2: torch style casts once to x.dtype; diffusers style gives weight.dtype for an fp16/bf16
+    weight, float32 for an fp32 weight, x.dtype without a weight."""
+    if style == "torch" or weight is None:
+        return x.dtype
+    return weight.dtype if weight.dtype != torch.float32 else torch.float32
+
+
+@pytest.mark.parametrize("style", ["torch", "diffusers"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", ROW_SHAPES)
+def test_rms_norm_matches_float64_reference(style, dtype, shape):
+    x = crandn(*shape, dtype=dtype, scale=2.0, offset=0.5)
+    w = crandn(shape[-1], dtype=dtype, offset=1.0)
+    out = ops.rms_norm(x, w, 1e-6, style=style)
+    assert out.dtype == rms_norm_dtype(x, w, style) and out.shape == x.shape and out.is_contiguous()
+    assert_close_to_reference(out, rms_norm_ref(x, w, 1e-6, None, style), **rms_norm_tol(w, style, out.dtype))
+
+
+@pytest.mark.parametrize("style", ["torch", "diffusers"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_no_weight_and_bias(style, dtype):
+    x = crandn(5, 3, 96, dtype=dtype)
+    out = ops.rms_norm(x, None, 1e-5, style=style)
+    assert out.dtype == x.dtype
+    assert_close_to_reference(out, rms_norm_ref(x, None, 1e-5, None, style))
+    w, b = crandn(96, dtype=dtype), crandn(96, dtype=dtype)
+    out = ops.rms_norm(x, w, 1e-5, bias=b, style=style)
+    assert_close_to_reference(out, rms_norm_ref(x, w, 1e-5, b, style), **rms_norm_tol(w, style, out.dtype))
+
+
+@pytest.mark.parametrize("style", ["torch", "diffusers"])
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16])
+def test_rms_norm_fp32_weight_with_half_input(style, x_dtype):
+    x = crandn(4, 7, 256, dtype=x_dtype)
+    w = crandn(256, dtype=torch.float32, offset=1.0)
+    out = ops.rms_norm(x, w, 1e-6, style=style)
+    assert out.dtype == rms_norm_dtype(x, w, style)
+    assert_close_to_reference(out, rms_norm_ref(x, w, 1e-6, None, style))
+
+
+def test_rms_norm_diffusers_rounds_before_weight_multiply():
+    """bf16 weight, diffusers style: matches the double rounding of diffusers' RMSNorm, which differs
+    measurably from torch style's single rounding on some elements."""
+    x = crandn(64, 512, dtype=torch.bfloat16, scale=3.0)
+    w = crandn(512, dtype=torch.bfloat16, scale=2.0)
+    diffusers = ops.rms_norm(x, w, 1e-6, style="diffusers")
+    x64 = x.double()
+    normed = (x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6)).to(torch.bfloat16)
+    eager = normed * w  # what diffusers computes, in bf16 arithmetic
+    mismatches = (diffusers != eager).float().mean().item()
+    assert mismatches < 0.01, f"{mismatches:.3%} of elements differ from the diffusers double rounding"
+    torch_style = ops.rms_norm(x, w, 1e-6, style="torch")
+    assert not torch.equal(diffusers, torch_style)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_non_contiguous_and_misaligned_input(dtype):
+    base = crandn(2, 9, 4, 64, dtype=dtype)
+    w = crandn(64, dtype=dtype)
+    for x in (base.transpose(1, 2), strided_last_dim(base), misaligned(base), base[:, 1:8]):
+        out = ops.rms_norm(x, w, 1e-6)
+        assert out.is_contiguous() and out.shape == x.shape
+        assert_close_to_reference(out, rms_norm_ref(x, w, 1e-6, None, "torch"))
+    w_strided = strided_last_dim(w[None])[0]
+    assert_close_to_reference(ops.rms_norm(base, w_strided, 1e-6), rms_norm_ref(base, w, 1e-6, None, "torch"))
+
+
+def many_leading_dims(last: int) -> torch.Tensor:
+    """Eight leading dims in reverse memory order: none coalesce, more than the kernels index."""
+    return crandn(2, 3, 2, 3, 2, 3, 2, 3, last).permute(7, 6, 5, 4, 3, 2, 1, 0, 8)
+
+
+def test_rms_norm_many_leading_dims():
+    x, w = many_leading_dims(16), crandn(16)
+    assert_close_to_reference(ops.rms_norm(x, w, 1e-6), rms_norm_ref(x, w, 1e-6, None, "torch"))
+
+
+# ---------------------------------------------------------------------------------------------- adaln
+def adaln_ref(x, scale, shift, eps, weight=None, bias=None):
+    x64 = x.double()
+    mean = x64.mean(-1, keepdim=True)
+    var = x64.var(-1, unbiased=False, keepdim=True)
+    y = (x64 - mean) / torch.sqrt(var + eps)
+    if weight is not None:
+        y = y * weight.double()
+    if bias is not None:
+        y = y + bias.double()
+    return y * (1 + scale.double()) + shift.double()
+
+
+def adaln_eager_dtype(x, scale, shift):
+    return torch.promote_types(torch.promote_types(x.dtype, scale.dtype), shift.dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1, 1), (2, 7, 33), (2, 5, 128), (2, 3, 3072), (1, 2, 12288)])
+def test_adaln_chunked_modulation_matches_float64_reference(dtype, shape):
+    B, S, D = shape
+    x = crandn(B, S, D, dtype=dtype, scale=2.0, offset=3.0)  # a large mean: the two-pass variance matters
+    emb = crandn(B, 1, 6 * D, dtype=dtype, scale=0.5)
+    shift, scale = emb.chunk(6, dim=-1)[:2]  # [B,1,D] views with row stride 6D
+    assert B == 1 or not scale.is_contiguous()
+    out = ops.adaln(x, scale, shift, 1e-6)
+    assert out.dtype == dtype and out.shape == x.shape and out.is_contiguous()
+    assert_close_to_reference(out, adaln_ref(x, scale, shift, 1e-6))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_adaln_per_token_and_vector_modulation_with_affine(dtype):
+    x = crandn(3, 11, 80, dtype=dtype)
+    w, b = crandn(80, dtype=dtype, offset=1.0), crandn(80, dtype=dtype)
+    per_token = crandn(3, 11, 80, dtype=dtype, scale=0.3)
+    vector = crandn(80, dtype=dtype, scale=0.3)
+    out = ops.adaln(x, per_token, vector, 1e-5, weight=w, bias=b)
+    assert_close_to_reference(out, adaln_ref(x, per_token, vector, 1e-5, w, b))
+    out = ops.adaln(x, vector, per_token.transpose(0, 1).contiguous().transpose(0, 1), 1e-5)
+    assert_close_to_reference(out, adaln_ref(x, vector, per_token, 1e-5))
+
+
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16])
+def test_adaln_fp32_modulation_and_out_dtype(x_dtype):
+    x = crandn(2, 9, 64, dtype=x_dtype)
+    scale, shift = crandn(2, 1, 64, scale=0.4), crandn(2, 1, 64)
+    out = ops.adaln(x, scale, shift, 1e-6)
+    assert out.dtype == adaln_eager_dtype(x, scale, shift)
+    assert_close_to_reference(out, adaln_ref(x, scale, shift, 1e-6))
+    out = ops.adaln(x, scale, shift, 1e-6, out_dtype=x_dtype)
+    assert out.dtype == x_dtype
+    assert_close_to_reference(out, adaln_ref(x, scale, shift, 1e-6))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_adaln_non_contiguous_and_misaligned_x(dtype):
+    base = crandn(4, 6, 48, dtype=dtype)
+    scale, shift = crandn(4, 1, 48, dtype=dtype), crandn(4, 1, 48, dtype=dtype)
+    for x in (base.transpose(0, 1).contiguous().transpose(0, 1), strided_last_dim(base), misaligned(base)):
+        assert_close_to_reference(ops.adaln(x, scale, shift, 1e-6), adaln_ref(x, scale, shift, 1e-6))
+
+
+# ---------------------------------------------------------------------------------------------- rope
+def rope_ref(x, cos, sin, interleaved):
+    x64 = x.double()
+    if interleaved:
+        x1, x2 = x64[..., 0::2], x64[..., 1::2]
+        rot = torch.stack([-x2, x1], dim=-1).flatten(-2)
+    else:
+        h = x.shape[-1] // 2
+        rot = torch.cat([-x64[..., h:], x64[..., :h]], dim=-1)
+    return x64 * cos.double() + rot * sin.double()
+
+
+def rope_tables(S, D, dtype, batch=None):
+    angles = crandn(S, D, scale=3.0)
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    if batch is not None:
+        cos = torch.stack([cos] * batch)
+        sin = torch.stack([sin] * batch)
+    return cos, sin
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,S,H,D", [(1, 1, 1, 2), (2, 7, 3, 6), (2, 5, 3, 10), (1, 33, 4, 64), (2, 16, 3, 128)])
+def test_rope_heads_first_layout(interleaved, dtype, B, S, H, D):
+    """x [B,H,S,D] with [S,D] and [1,1,S,D] tables (diffusers' Flux / SD3 layout)."""
+    x = crandn(B, H, S, D, dtype=dtype, scale=2.0)
+    cos, sin = rope_tables(S, D, dtype)
+    for c, s in ((cos, sin), (cos[None, None], sin[None, None])):
+        out = ops.rope(x, c, s, interleaved=interleaved)
+        assert out.dtype == dtype and out.shape == x.shape and out.is_contiguous()
+        assert_close_to_reference(out, rope_ref(x, c, s, interleaved))
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_seq_first_layout_and_fp32_tables(interleaved, dtype):
+    """x [B,S,H,D] with [1,S,1,D] and per-batch [B,S,1,D] tables, fp32 tables on half x."""
+    B, S, H, D = 2, 9, 5, 32
+    x = crandn(B, S, H, D, dtype=dtype)
+    cos, sin = rope_tables(S, D, torch.float32)
+    per_batch_cos = cos.expand(B, S, D)[:, :, None].contiguous()
+    per_batch_sin = sin.expand(B, S, D)[:, :, None].contiguous()
+    for c, s in ((cos[None, :, None], sin[None, :, None]), (per_batch_cos, per_batch_sin)):
+        out = ops.rope(x, c, s, interleaved=interleaved)
+        assert out.dtype == dtype
+        assert_close_to_reference(out, rope_ref(x, c, s, interleaved))
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_strided_views(interleaved, dtype):
+    """x a head-split view of a projection (transposed), cos/sin sliced from longer / wider tables,
+    x with a strided head dim, misaligned x."""
+    B, S, H, D = 2, 12, 4, 64
+    qkv = crandn(B, S, 3 * H * D, dtype=dtype)
+    x = qkv[..., H * D:2 * H * D].view(B, S, H, D).transpose(1, 2)  # [B,H,S,D], last dim contiguous
+    table_c, table_s = rope_tables(S + 7, 2 * D, dtype)
+    cos, sin = table_c[3:3 + S, :D], table_s[3:3 + S, :D]  # row stride 2D, storage offset
+    assert not cos.is_contiguous()
+    for xv in (x, strided_last_dim(x), misaligned(x.contiguous())):
+        out = ops.rope(xv, cos, sin, interleaved=interleaved)
+        assert out.is_contiguous()
+        assert_close_to_reference(out, rope_ref(xv, cos, sin, interleaved))
+
+
+# ---------------------------------------------------------------------------------------------- gelu
+GELU = {
+    "gelu_tanh": (ops.gelu_tanh, lambda x: F.gelu(x, approximate="tanh")),
+    "fast_gelu": (ops.fast_gelu, lambda x: x * torch.sigmoid(1.702 * x)),
+}
+
+
+@pytest.mark.parametrize("name", GELU)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1,), (7, 1), (3, 17), (1, 4096 + 5), (2, 3, 12288)])
+def test_gelu_matches_float64_reference(name, dtype, shape):
+    op, ref = GELU[name]
+    x = crandn(*shape, dtype=dtype, scale=3.0)
+    out = op(x)
+    assert out.dtype == dtype and out.device.type == CUDA
+    assert_close_to_reference(out, ref(x.double()))
+
+
+@pytest.mark.parametrize("name", GELU)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gelu_non_contiguous_misaligned_and_extreme(name, dtype):
+    op, ref = GELU[name]
+    x = crandn(5, 37, dtype=dtype, scale=3.0)
+    for xv in (strided_last_dim(x), misaligned(x), x.t()):
+        out = op(xv)
+        assert out.is_contiguous() and out.shape == xv.shape
+        assert_close_to_reference(out, ref(xv.double()))
+    extreme = torch.tensor([-100.0, -20.0, -5.0, -1e-3, 0.0, 1e-3, 5.0, 20.0, 100.0], device=CUDA).to(dtype)
+    assert_close_to_reference(op(extreme), ref(extreme.double()))
+
+
+# ---------------------------------------------------------------------------------------------- mul_add
+def mul_add_ref(a, b, c):
+    b64 = b.double() if isinstance(b, torch.Tensor) else b
+    return a.double() * b64 + c.double()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1, 1), (2, 7, 33), (2, 5, 128), (2, 9, 3072), (1, 1, 12288 + 3)])
+def test_mul_add_gated_residual_matches_float64_reference(dtype, shape):
+    """residual + gate * y with gate a [B,1,D] chunk of the modulation (the fast path)."""
+    B, S, D = shape
+    y, residual = crandn(B, S, D, dtype=dtype), crandn(B, S, D, dtype=dtype)
+    gate = crandn(B, 1, 6 * D, dtype=dtype).chunk(6, dim=-1)[2]
+    out = ops.mul_add(y, gate, residual)
+    assert out.dtype == dtype and out.shape == (B, S, D) and out.is_contiguous()
+    assert_close_to_reference(out, mul_add_ref(y, gate, residual))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mul_add_broadcast_shapes(dtype):
+    a = crandn(3, 10, 40, dtype=dtype)
+    c = crandn(3, 10, 40, dtype=dtype)
+    for b in (crandn(3, 10, 1, dtype=dtype), crandn(40, dtype=dtype), crandn(1, dtype=dtype),
+              torch.tensor(0.75, device=CUDA, dtype=dtype), crandn(10, 1, dtype=dtype)):
+        assert_close_to_reference(ops.mul_add(a, b, c), mul_add_ref(a, b, c))
+    # broadcast on a and c too: the output takes the broadcast shape
+    out = ops.mul_add(crandn(40, dtype=dtype), crandn(3, 1, 40, dtype=dtype), crandn(1, 10, 1, dtype=dtype))
+    assert out.shape == (3, 10, 40)
+    # a long 1-D tensor: one row, parallel over columns
+    a1, b1, c1 = (crandn(1 << 20, dtype=dtype) for _ in range(3))
+    assert_close_to_reference(ops.mul_add(a1, b1, c1), mul_add_ref(a1, b1, c1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mul_add_non_contiguous_and_misaligned(dtype):
+    a = crandn(6, 9, 24, dtype=dtype)
+    b = crandn(6, 1, 24, dtype=dtype)
+    c = crandn(6, 9, 24, dtype=dtype)
+    for av, cv in ((a.transpose(0, 1).contiguous().transpose(0, 1), c), (strided_last_dim(a), c.mT.contiguous().mT),
+                   (misaligned(a), misaligned(c))):
+        assert_close_to_reference(ops.mul_add(av, b, cv), mul_add_ref(av, b, cv))
+    many_dims = many_leading_dims(5)
+    assert_close_to_reference(ops.mul_add(many_dims, 2.0, many_dims), mul_add_ref(many_dims, 2.0, many_dims))
+
+
+@pytest.mark.parametrize("act_dtype", [torch.bfloat16, torch.float16])
+def test_mul_add_fp32_gate_with_half_activations(act_dtype):
+    a, c = crandn(2, 17, 64, dtype=act_dtype), crandn(2, 17, 64, dtype=act_dtype)
+    gate = crandn(2, 1, 64)
+    out = ops.mul_add(a, gate, c)
+    assert out.dtype == torch.promote_types(act_dtype, torch.float32)
+    assert_close_to_reference(out, mul_add_ref(a, gate, c))
+    out = ops.mul_add(a, gate, c, out_dtype=act_dtype)
+    assert out.dtype == act_dtype
+    assert_close_to_reference(out, mul_add_ref(a, gate, c))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mul_add_scalar_overload(dtype):
+    a, c = crandn(4, 33, dtype=dtype), crandn(4, 33, dtype=dtype)
+    out = ops.mul_add.Scalar(a, 0.37, c)
+    assert out.dtype == dtype
+    assert_close_to_reference(out, mul_add_ref(a, 0.37, c))
+    assert_close_to_reference(ops.mul_add.Scalar(a, 3, c, out_dtype=torch.float32), mul_add_ref(a, 3, c))
+
+
+# ---------------------------------------------------------------------------------------------- all ops
+def cases():
+    """name -> (op overload, args, kwargs) for opcheck and the cross-device comparison."""
+    x = crandn(2, 5, 64, dtype=torch.bfloat16)
+    w = crandn(64, dtype=torch.bfloat16)
+    emb = crandn(2, 1, 3 * 64, dtype=torch.bfloat16)
+    scale, shift, gate = emb.chunk(3, dim=-1)
+    q = crandn(2, 3, 5, 64, dtype=torch.float16)
+    q_seq_first = q.transpose(1, 2)  # [B,S,H,D] view
+    cos, sin = rope_tables(5, 64, torch.float32)
+    table = [
+        ("rms_norm", ops.rms_norm.default, (x, w, 1e-6), {"style": "torch"}),
+        ("rms_norm_diffusers", ops.rms_norm.default, (x, w, 1e-6), {"bias": w, "style": "diffusers"}),
+        ("adaln", ops.adaln.default, (x, scale, shift, 1e-6), {"weight": w, "bias": w}),
+        ("rope", ops.rope.default, (q, cos, sin), {"interleaved": True}),
+        ("rope_half", ops.rope.default, (q_seq_first, cos[None, :, None], sin[None, :, None]), {"interleaved": False}),
+        ("gelu_tanh", ops.gelu_tanh.default, (x.float(),), {}),
+        ("fast_gelu", ops.fast_gelu.default, (x.half().mT,), {}),
+        ("mul_add", ops.mul_add.default, (x, gate, x), {}),
+        ("mul_add_mixed", ops.mul_add.default, (x, gate.float(), x), {"out_dtype": torch.bfloat16}),
+        ("mul_add_scalar", ops.mul_add.Scalar, (x, 0.5, x.float()), {}),
+    ]
+    return {name: (op, args, kwargs) for name, op, args, kwargs in table}
+
+
+CASES = ["rms_norm", "rms_norm_diffusers", "adaln", "rope", "rope_half", "gelu_tanh", "fast_gelu", "mul_add",
+         "mul_add_mixed", "mul_add_scalar"]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_opcheck_on_cuda(name):
+    op, args, kwargs = cases()[name]
+    torch.library.opcheck(op, args, kwargs)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_matches_cpu_kernel(name):
+    """The CUDA and CPU kernels compute the same function (fp32 math both sides; fp16/bf16 outputs may
+    differ by one rounding step)."""
+    op, args, kwargs = cases()[name]
+    out = op(*args, **kwargs)
+    to_cpu = lambda v: v.cpu() if isinstance(v, torch.Tensor) else v  # noqa: E731
+    expected = op(*[to_cpu(a) for a in args], **{k: to_cpu(v) for k, v in kwargs.items()})
+    assert out.dtype == expected.dtype and out.shape == expected.shape
+    torch.testing.assert_close(out.cpu(), expected)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_bitwise_deterministic(name):
+    op, args, kwargs = cases()[name]
+    assert torch.equal(op(*args, **kwargs), op(*args, **kwargs))
+
+
+def test_runs_on_the_current_stream_and_device():
+    x = crandn(64, 1024, dtype=torch.bfloat16)
+    w = crandn(1024, dtype=torch.bfloat16)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        out = ops.rms_norm(x, w, 1e-6)
+    torch.cuda.current_stream().wait_stream(stream)
+    assert_close_to_reference(out, rms_norm_ref(x, w, 1e-6, None, "torch"))
+
+
+@pytest.mark.parametrize(
+    "call, arg",
+    [
+        (lambda: ops.rms_norm(crandn(4, 8), randn(8), 1e-6), "weight"),
+        (lambda: ops.rope(crandn(1, 2, 3, 8), randn(3, 8), crandn(3, 8)), "cos"),
+        (lambda: ops.adaln(crandn(2, 3, 8), randn(2, 1, 8), crandn(2, 1, 8), 1e-6), "scale"),
+        (lambda: ops.adaln(crandn(2, 3, 8), crandn(2, 1, 8), crandn(2, 1, 8), 1e-6, weight=randn(8)), "weight"),
+        (lambda: ops.mul_add(crandn(4, 8), crandn(4, 8), randn(4, 8)), "c"),
+    ],
+)
+def test_mixed_devices_rejected(call, arg):
+    with pytest.raises(RuntimeError, match=rf"argument '{arg}' is on cpu"):
+        call()
+
+
+def test_dit_block_traces_under_compile_fullgraph():
+    """The ops compose inside one compiled graph on CUDA tensors (fake kernels + CUDA kernels)."""
+    def block(x, emb, w, cos, sin):
+        shift, scale, gate = emb.chunk(3, dim=-1)
+        h = ops.adaln(x, scale, shift, 1e-6)
+        q = ops.rms_norm(h.view(2, 5, 2, 32), w, 1e-6).transpose(1, 2)
+        q = ops.rope(q, cos, sin, interleaved=True).transpose(1, 2).reshape(2, 5, 64)
+        return ops.mul_add(ops.gelu_tanh(q), gate, x)
+
+    args = (crandn(2, 5, 64, dtype=torch.bfloat16), crandn(2, 1, 192, dtype=torch.bfloat16),
+            crandn(32, dtype=torch.bfloat16), *rope_tables(5, 32, torch.float32))
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(*args), block(*args), rtol=0, atol=0)
