@@ -31,6 +31,7 @@ def test_bench_ops_quick_prints_table_and_json_for_every_op(tmp_path, capsys):
         if r["fused_error"] is None:
             assert r["fused_s"] > 0 and r["copy_s"] > 0 and r["copy_prealloc_s"] > 0 and r["bytes"] > 0, r
             assert r["close"] is True and 0 <= r["max_abs_diff"] < 0.1, r
+            assert r["fused_err64"] <= 2 * r["eager_err64"] + 1e-6, r  # not less accurate than eager
         else:  # an op still being written in another branch; anything else fails the command (rc above)
             assert r["fused_error"].startswith("NotImplementedError"), r
             assert r["op"] != "gelu_tanh"
@@ -105,3 +106,16 @@ def test_demo_eager_block_is_diffusers_flux_single_block():
         x, temb, cos, sin = inputs["x"], inputs["temb"], inputs["cos"], inputs["sin"]
         _, expected = blk(x, x[:, :0], temb, image_rotary_emb=(cos, sin))
     torch.testing.assert_close(demo.block_eager(params, x, temb, cos, sin), expected)
+
+
+def test_demo_quick_prints_errors_and_timings(tmp_path, capsys):
+    path = tmp_path / "demo.json"
+    rc, out = _run(["demo", "--quick", "--json", str(path)], capsys)
+    assert rc == 0, out
+    assert "fused vs fp64" in out and "fused block" in out
+    result = json.loads(path.read_text())
+    for dtype in ("fp32", "bf16"):
+        err, t = result["results"]["accuracy"][dtype], result["results"]["timing"][dtype]
+        assert err["fused_vs_fp64"] <= 2 * err["eager_vs_fp64"] + 1e-6, err
+        assert 0 <= err["fused_vs_eager"] < (1e-4 if dtype == "fp32" else 0.25), err
+        assert t["eager_s"] > 0 and t["fused_s"] > 0
