@@ -27,9 +27,9 @@ def test_bench_ops_quick_prints_table_and_json_for_every_op(tmp_path, capsys):
     assert [(r["label"], r["dtype"]) for r in rows] == [(c.label, d) for c in ops.CASES for d in ("fp32", "bf16")]
     for r in rows:
         assert f"{r['label']} " in out
-        assert r["eager_s"] > 0
+        assert r["eager_s"] > 0 and r["copy_s"] > 0 and r["copy_prealloc_s"] > 0 and r["bytes"] > 0, r
         if r["fused_error"] is None:
-            assert r["fused_s"] > 0 and r["copy_s"] > 0 and r["copy_prealloc_s"] > 0 and r["bytes"] > 0, r
+            assert r["fused_s"] > 0, r
             assert r["close"] is True and 0 <= r["max_abs_diff"] < 0.1, r
             assert r["fused_err64"] <= 2 * r["eager_err64"] + 1e-6, r  # not less accurate than eager
         else:  # an op still being written in another branch; anything else fails the command (rc above)
@@ -45,7 +45,7 @@ def test_bench_ops_quick_times_compiled_apart_from_its_compile(tmp_path, capsys)
     assert rc == 0, out
     (row,) = json.loads(path.read_text())["rows"]
     assert row["compiled_error"] is None, row
-    assert row["compiled_s"] > 0 and row["compiled_compile_s"] > row["compiled_s"]
+    assert row["compiled_s"] > 0 and row["compile_s"] > row["compiled_s"]
     assert row["compiled_max_abs_diff"] < 1e-5
 
 
