@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 from dataclasses import dataclass, field
 
 import torch
@@ -154,14 +155,16 @@ def section_accuracy(d: Demo) -> dict:
 
 
 def section_timing(d: Demo) -> dict:
-    """Medians of warm runs: eager block vs fused block, per dtype."""
+    """Medians of warm runs, eager and fused block measured in turn: per dtype."""
     rows, out = [], {}
     for dtype in d.dtypes:
         a = d.args(dtype)
         with torch.inference_mode():
-            te = timing.median_seconds(lambda: block_eager(*a), device=d.device, warmup=d.warmup, reps=d.reps)
-            tf = timing.median_seconds(lambda: block_fused(*a), device=d.device, warmup=d.warmup, reps=d.reps)
-        out[timing.DTYPE_NAMES[dtype]] = {"eager_s": te, "fused_s": tf}
+            ts = timing.interleaved_seconds({"eager": lambda: block_eager(*a), "fused": lambda: block_fused(*a)},
+                                            device=d.device, warmup=d.warmup, reps=d.reps)
+        te, tf = statistics.median(ts["eager"]), statistics.median(ts["fused"])
+        out[timing.DTYPE_NAMES[dtype]] = {"eager_s": te, "fused_s": tf, "eager_min_s": min(ts["eager"]),
+                                          "fused_min_s": min(ts["fused"])}
         rows.append([timing.DTYPE_NAMES[dtype], timing.fmt_time(te).strip(), timing.fmt_time(tf).strip(),
                      f"{te / tf:.2f}x"])
     print(timing.format_table(["dtype", "eager block", "fused block", "speed-up"], rows))

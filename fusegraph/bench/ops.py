@@ -1,6 +1,8 @@
 """``python -m fusegraph bench ops``: every fused op against what it replaces, side by side in one run.
 
-For each op x dtype, at Flux-scale shapes, four timings (medians over warm runs):
+For each op x dtype, at Flux-scale shapes, four timings: medians over warm runs, taken interleaved
+(``timing.interleaved_seconds``: eager, compiled, fused, copy, then again in rotated order) so a change of
+load on a shared machine hits every column alike:
 
 - **eager**: the unfused PyTorch composition, written as diffusers writes it (sources cited per case);
 - **compiled**: ``torch.compile`` (``--backend``, default Inductor in its default mode) of that same
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 from dataclasses import dataclass
 from typing import Callable
 
@@ -178,7 +181,6 @@ def measure_case(case: Case, dtype: torch.dtype, device: torch.device, *, quick:
     """All numbers of one row (seconds; None where a variant could not run, with the reason)."""
     shape = case.quick_shape if quick else case.shape
     args = case.inputs(shape, dtype, device)
-    t = dict(warmup=warmup, reps=reps, device=device)
     row = {"op": case.op, "label": case.label, "dtype": timing.DTYPE_NAMES[dtype], "shape": list(shape),
            "eager_s": None, "compiled_s": None, "compile_s": None, "fused_s": None, "copy_s": None,
            "copy_prealloc_s": None, "bytes": None, "max_abs_diff": None, "close": None,
@@ -188,7 +190,7 @@ def measure_case(case: Case, dtype: torch.dtype, device: torch.device, *, quick:
     expected = case.eager(*args)
     ref64 = case.eager(*(a.double() for a in args))
     row["eager_err64"] = _max_abs_diff(expected, ref64)
-    row["eager_s"] = timing.median_seconds(lambda: case.eager(*args), **t)
+    fns = {"eager": lambda: case.eager(*args)}
 
     if backend is not None:
         torch._dynamo.reset()  # a fresh compile per row: honest compile time, no recompile limit
@@ -196,28 +198,32 @@ def measure_case(case: Case, dtype: torch.dtype, device: torch.device, *, quick:
         try:
             row["compile_s"] = timing.first_call_seconds(lambda: compiled(*args), device=device)
             row["compiled_max_abs_diff"] = _max_abs_diff(compiled(*args), expected)
-            row["compiled_s"] = timing.median_seconds(lambda: compiled(*args), **t)
+            fns["compiled"] = lambda: compiled(*args)
         except Exception as e:  # noqa: BLE001 - report and go on (e.g. no C++ compiler for Inductor)
             row["compiled_error"] = _error_text(e)
 
     try:
         out = case.fused(*args)
-    except Exception as e:  # noqa: BLE001 - an op not yet built for this device/dtype is a row note
-        row["fused_error"] = _error_text(e)
-        out = None
-    if out is not None:
         row["max_abs_diff"] = _max_abs_diff(out, expected)
         row["fused_err64"] = _max_abs_diff(out, ref64)
         row["close"] = _close(out, ref64.to(expected.dtype)) and out.dtype == expected.dtype
-        row["fused_s"] = timing.median_seconds(lambda: case.fused(*args), **t)
+        fns["fused"] = lambda: case.fused(*args)
         del out
+    except Exception as e:  # noqa: BLE001 - an op not yet built for this device/dtype is a row note
+        row["fused_error"] = _error_text(e)
 
     # The limit: the same traffic as the fused op (inputs + an output like eager's), half read, half written.
     row["bytes"] = timing.tensor_bytes(*args, expected)
     src = torch.ones(math.ceil(row["bytes"] / 2 / 4), dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
-    row["copy_s"] = timing.median_seconds(lambda: src.clone(), **t)
-    row["copy_prealloc_s"] = timing.median_seconds(lambda: dst.copy_(src), **t)
+    fns["copy"] = lambda: src.clone()
+    fns["copy_prealloc"] = lambda: dst.copy_(src)
+    del expected, ref64
+
+    times = timing.interleaved_seconds(fns, device=device, warmup=warmup, reps=reps)
+    for name, ts in times.items():
+        row[f"{name}_s"] = statistics.median(ts)
+        row[f"{name}_min_s"] = min(ts)
     return row
 
 
@@ -266,7 +272,7 @@ def table_rows(rows: list[dict]) -> list[list[str]]:
 
 
 LEGEND = """\
-medians of warm runs; compiled = torch.compile(eager composition, backend={backend}).
+medians of warm runs, all columns measured in turn; compiled = torch.compile(eager composition, backend={backend}).
 x eager = eager/fused (speed-up); fused/comp, fused/copy = time ratios (< 1: fused faster).
 copy = clone() of a buffer moving the fused op's bytes (inputs + output): a fresh output per call, like
   the functional op; copy pre = copy_ into a preallocated buffer (the memory system, no allocation).

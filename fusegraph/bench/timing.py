@@ -38,6 +38,26 @@ def median_seconds(fn: Callable[[], object], *, device="cpu", warmup: int = 3, r
     return statistics.median(times)
 
 
+def interleaved_seconds(fns: dict[str, Callable[[], object]], *, device="cpu", warmup: int = 3,
+                        reps: int = 20) -> dict[str, list[float]]:
+    """Wall times of several alternatives measured in turn, rep by rep (A B C, B C A, C A B, ...), so a
+    change of machine load during the run (a shared machine) hits all of them alike. Each timed run is
+    synchronised like :func:`median_seconds`. Returns every alternative's list of ``reps`` times."""
+    names = list(fns)
+    for name in names:
+        for _ in range(warmup):
+            fns[name]()
+    synchronize(device)
+    times = {name: [] for name in names}
+    for i in range(reps):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            t0 = time.perf_counter()
+            fns[name]()
+            synchronize(device)
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
