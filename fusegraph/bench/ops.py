@@ -272,7 +272,7 @@ def table_rows(rows: list[dict]) -> list[list[str]]:
 
 
 LEGEND = """\
-medians of warm runs, all columns measured in turn; compiled = torch.compile(eager composition, backend={backend}).
+medians of warm runs, the columns measured in turn; compiled = torch.compile(eager, backend={backend}).
 x eager = eager/fused (speed-up); fused/comp, fused/copy = time ratios (< 1: fused faster).
 copy = clone() of a buffer moving the fused op's bytes (inputs + output): a fresh output per call, like
   the functional op; copy pre = copy_ into a preallocated buffer (the memory system, no allocation).
