@@ -8,12 +8,10 @@ load on a shared machine hits every column alike:
 - **compiled**: ``torch.compile`` (``--backend``, default Inductor in its default mode) of that same
   composition; its compile time (first call) is reported apart and never mixed into the warm median;
 - **fused**: ``fusegraph.ops.<op>``, one kernel;
-- **copy**: the bandwidth limit, a copy that moves the same bytes as the fused op. Its bytes are the fused
-  op's inputs + output (each view at its own size); the copy reads half of that and writes half, so the
-  traffic is equal. It is ``src.clone()`` -- a fresh output per call, like the functional op (on CPU a
-  large allocation is fresh mmap'd pages, whose first-touch faults are part of every functional op's
-  cost) -- and, for reference, ``dst.copy_(src)`` into a preallocated buffer ("copy pre": the memory
-  system's limit with no allocation at all).
+- **copy**: the bandwidth limit, a copy that moves the same bytes as the fused op (its inputs + output,
+  each view at its own size; half read, half written) into a fresh buffer of the op's output size, as the
+  functional op allocates one per call; and "copy pre", the same copy between preallocated buffers (the
+  memory system alone). See :func:`copy_limits`.
 
 Each fused result is compared with eager (max abs diff) and judged against a float64 run of the same
 composition (``torch.testing.assert_close`` at the output dtype's default tolerances, as the op tests do):
@@ -212,12 +210,8 @@ def measure_case(case: Case, dtype: torch.dtype, device: torch.device, *, quick:
     except Exception as e:  # noqa: BLE001 - an op not yet built for this device/dtype is a row note
         row["fused_error"] = _error_text(e)
 
-    # The limit: the same traffic as the fused op (inputs + an output like eager's), half read, half written.
     row["bytes"] = timing.tensor_bytes(*args, expected)
-    src = torch.ones(math.ceil(row["bytes"] / 2 / 4), dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    fns["copy"] = lambda: src.clone()
-    fns["copy_prealloc"] = lambda: dst.copy_(src)
+    fns["copy"], fns["copy_prealloc"] = copy_limits(row["bytes"], timing.tensor_bytes(expected), device)
     del expected, ref64
 
     times = timing.interleaved_seconds(fns, device=device, warmup=warmup, reps=reps)
@@ -225,6 +219,30 @@ def measure_case(case: Case, dtype: torch.dtype, device: torch.device, *, quick:
         row[f"{name}_s"] = statistics.median(ts)
         row[f"{name}_min_s"] = min(ts)
     return row
+
+
+def copy_limits(traffic: int, out_bytes: int, device) -> tuple[Callable, Callable]:
+    """Two copies that move ``traffic`` bytes (half read, half written), the fused op's inputs + output:
+
+    - ``copy``: like the functional op, each call allocates a fresh ``out_bytes`` buffer and writes into it
+      (plus into a preallocated spill buffer when half the traffic exceeds the output, e.g. mul_add's two
+      full-size inputs); on CPU, fresh large buffers are new mmap'd pages whose first-touch faults every
+      functional op pays, so this is the limit the op can reach;
+    - ``copy_prealloc``: one ``copy_`` between preallocated buffers, the memory system alone.
+    """
+    n = math.ceil(traffic / 2 / 4)  # float32 elements read = written
+    n_out = min(n, math.ceil(out_bytes / 4))
+    src = torch.ones(n, dtype=torch.float32, device=device)
+    spill = torch.empty(n - n_out, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+
+    def copy():
+        out = torch.empty(n_out, dtype=torch.float32, device=device)
+        out.copy_(src[:n_out])
+        spill.copy_(src[n_out:])
+        return out
+
+    return copy, lambda: dst.copy_(src)
 
 
 def _max_abs_diff(out: torch.Tensor, expected: torch.Tensor) -> float:
@@ -274,8 +292,8 @@ def table_rows(rows: list[dict]) -> list[list[str]]:
 LEGEND = """\
 medians of warm runs, the columns measured in turn; compiled = torch.compile(eager, backend={backend}).
 x eager = eager/fused (speed-up); fused/comp, fused/copy = time ratios (< 1: fused faster).
-copy = clone() of a buffer moving the fused op's bytes (inputs + output): a fresh output per call, like
-  the functional op; copy pre = copy_ into a preallocated buffer (the memory system, no allocation).
+copy = a copy moving the fused op's bytes (inputs + output) into a fresh output-sized buffer per call,
+  like the functional op; copy pre = the same copy between preallocated buffers (no allocation).
 max|diff| = fused vs eager; fp64 err = max abs error of fused and of eager vs the composition in float64
   (WRONG: fused outside torch.testing's default tolerance for the dtype).
 compile = first call of the compiled code (compile + one run; on-disk caches may shorten it), apart."""
