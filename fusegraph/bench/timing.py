@@ -69,6 +69,18 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def load_summary() -> str:
+    """The machine's 1-minute load average against its cores: on a shared machine, a load above the core
+    count means other processes take CPU time from the run (and stall multi-threaded ops)."""
+    cores = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # pragma: no cover - not on Linux/macOS
+        return f"{cores} cores"
+    note = " (busy: other processes compete for the CPUs)" if load > cores else ""
+    return f"load {load:.1f} on {cores} cores{note}"
+
+
 def machine_summary(device: torch.device | str = "cpu") -> str:
     """The variables that decide a result (SPEC §5): device model, threads, torch version."""
     device = torch.device(device)
@@ -79,6 +91,7 @@ def machine_summary(device: torch.device | str = "cpu") -> str:
         from fusegraph import _C
 
         parts.append(f"CPU {cpu_model()}, {torch.get_num_threads()} threads, kernels {_C.cpu_capability()}")
+        parts.append(load_summary())
     parts.append(f"python {platform.python_version()}, pid {os.getpid()}")
     return "; ".join(parts)
 
@@ -154,6 +167,8 @@ def run_facts(device: torch.device | str = "cpu") -> dict:
         facts["cuda"] = torch.version.cuda
     else:
         facts["cpu"] = cpu_model()
+        facts["cores"] = os.cpu_count()
+        facts["load_avg_1min"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     return facts
 
 
