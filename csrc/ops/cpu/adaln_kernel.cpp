@@ -62,7 +62,7 @@ void adaln_rows(const AdalnKernelArgs& p) {
   T_out* out = static_cast<T_out*>(p.out);
   const float* w = p.weight;
   const float* bias = p.bias;
-  const float eps = p.eps;
+  const double eps = p.eps;
   const float d_f = static_cast<float>(D);
   // Round D up to whole blocks so full-block loads/stores of the buffer stay inside it.
   const int64_t buf_len = kWiden ? at::divup(D, kB) * kB : 0;
@@ -115,7 +115,7 @@ void adaln_rows(const AdalnKernelArgs& p) {
       // (x - mean) - corr: the float32 mean of a row near 1000 is off by up to 3e-5; its correction
       // is applied to the exact difference instead of being rounded into the mean.
       const fVec corr(sum_d / d_f);
-      const fVec rstd(1.0f / std::sqrt(var + eps));
+      const fVec rstd(static_cast<float>(1.0 / std::sqrt(static_cast<double>(var) + eps)));
       const fVec one(1.0f);
 
       // Pass 3: normalise, affine, modulate, one store.
