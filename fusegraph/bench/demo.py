@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 import fusegraph.ops as fops
 from fusegraph.bench import timing
-from fusegraph.bench.ops import rope_eager, rope_tables
+from fusegraph.bench.ops import max_abs_diff, rope_eager, rope_tables
 
 EPS = 1e-6
 
@@ -145,8 +145,8 @@ def section_accuracy(d: Demo) -> dict:
     for dtype in d.dtypes:
         a = d.args(dtype)
         eager, fused = block_eager(*a), block_fused(*a)
-        e = {"fused_vs_eager": _max_abs(fused, eager), "fused_vs_fp64": _max_abs(fused, ref),
-             "eager_vs_fp64": _max_abs(eager, ref), "output_max_abs": ref.abs().max().item()}
+        e = {"fused_vs_eager": max_abs_diff(fused, eager), "fused_vs_fp64": max_abs_diff(fused, ref),
+             "eager_vs_fp64": max_abs_diff(eager, ref), "output_max_abs": ref.abs().max().item()}
         out[timing.DTYPE_NAMES[dtype]] = e
         rows.append([timing.DTYPE_NAMES[dtype], f"{e['fused_vs_eager']:.3e}", f"{e['fused_vs_fp64']:.3e}",
                      f"{e['eager_vs_fp64']:.3e}", f"{e['output_max_abs']:.2f}"])
@@ -175,10 +175,6 @@ SECTIONS = [
     ("accuracy: fused block vs eager and vs float64 eager (max abs error)", section_accuracy),
     ("timing: one block, medians of warm runs", section_timing),
 ]
-
-
-def _max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a.double() - b.double()).abs().max().item()
 
 
 def parse_args(argv):

@@ -187,7 +187,7 @@ def measure_case(case: Case, dtype: torch.dtype, device: torch.device, *, quick:
 
     expected = case.eager(*args)
     ref64 = case.eager(*(a.double() for a in args))
-    row["eager_err64"] = _max_abs_diff(expected, ref64)
+    row["eager_err64"] = max_abs_diff(expected, ref64)
     fns = {"eager": lambda: case.eager(*args)}
 
     if backend is not None:
@@ -195,15 +195,15 @@ def measure_case(case: Case, dtype: torch.dtype, device: torch.device, *, quick:
         compiled = torch.compile(case.eager, backend=backend)
         try:
             row["compile_s"] = timing.first_call_seconds(lambda: compiled(*args), device=device)
-            row["compiled_max_abs_diff"] = _max_abs_diff(compiled(*args), expected)
+            row["compiled_max_abs_diff"] = max_abs_diff(compiled(*args), expected)
             fns["compiled"] = lambda: compiled(*args)
         except Exception as e:  # noqa: BLE001 - report and go on (e.g. no C++ compiler for Inductor)
             row["compiled_error"] = _error_text(e)
 
     try:
         out = case.fused(*args)
-        row["max_abs_diff"] = _max_abs_diff(out, expected)
-        row["fused_err64"] = _max_abs_diff(out, ref64)
+        row["max_abs_diff"] = max_abs_diff(out, expected)
+        row["fused_err64"] = max_abs_diff(out, ref64)
         row["close"] = _close(out, ref64.to(expected.dtype)) and out.dtype == expected.dtype
         fns["fused"] = lambda: case.fused(*args)
         del out
@@ -245,7 +245,8 @@ def copy_limits(traffic: int, out_bytes: int, device) -> tuple[Callable, Callabl
     return copy, lambda: dst.copy_(src)
 
 
-def _max_abs_diff(out: torch.Tensor, expected: torch.Tensor) -> float:
+def max_abs_diff(out: torch.Tensor, expected: torch.Tensor) -> float:
+    """max |out - expected| in float64 (inf when the shapes differ)."""
     if out.shape != expected.shape:
         return float("inf")
     return (out.double() - expected.double()).abs().max().item()
