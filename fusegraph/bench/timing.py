@@ -38,6 +38,26 @@ def median_seconds(fn: Callable[[], object], *, device="cpu", warmup: int = 3, r
     return statistics.median(times)
 
 
+def interleaved_seconds(fns: dict[str, Callable[[], object]], *, device="cpu", warmup: int = 3,
+                        reps: int = 20) -> dict[str, list[float]]:
+    """Wall times of several alternatives measured in turn, rep by rep (A B C, B C A, C A B, ...), so a
+    change of machine load during the run (a shared machine) hits all of them alike. Each timed run is
+    synchronised like :func:`median_seconds`. Returns every alternative's list of ``reps`` times."""
+    names = list(fns)
+    for name in names:
+        for _ in range(warmup):
+            fns[name]()
+    synchronize(device)
+    times = {name: [] for name in names}
+    for i in range(reps):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            t0 = time.perf_counter()
+            fns[name]()
+            synchronize(device)
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -47,6 +67,18 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def load_summary() -> str:
+    """The machine's 1-minute load average against its cores: on a shared machine, a load above the core
+    count means other processes take CPU time from the run (and stall multi-threaded ops)."""
+    cores = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # pragma: no cover - not on Linux/macOS
+        return f"{cores} cores"
+    note = " (busy: other processes compete for the CPUs)" if load > cores else ""
+    return f"load {load:.1f} on {cores} cores{note}"
 
 
 def machine_summary(device: torch.device | str = "cpu") -> str:
@@ -59,6 +91,7 @@ def machine_summary(device: torch.device | str = "cpu") -> str:
         from fusegraph import _C
 
         parts.append(f"CPU {cpu_model()}, {torch.get_num_threads()} threads, kernels {_C.cpu_capability()}")
+        parts.append(load_summary())
     parts.append(f"python {platform.python_version()}, pid {os.getpid()}")
     return "; ".join(parts)
 
@@ -69,3 +102,90 @@ def fmt_time(seconds: float) -> str:
     if seconds < 1.0:
         return f"{seconds * 1e3:8.3f} ms"
     return f"{seconds:8.3f} s "
+
+
+def first_call_seconds(fn: Callable[[], object], *, device="cpu") -> float:
+    """Wall time of one synchronised call of ``fn()``: for ``torch.compile``d code, the compile time
+    (tracing + codegen + the first run), reported apart from the warm medians."""
+    synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    synchronize(device)
+    return time.perf_counter() - t0
+
+
+def tensor_bytes(*tensors: torch.Tensor) -> int:
+    """Bytes a kernel must move for these tensors: each view counted once at its own size (a ``[B,1,D]``
+    broadcast view is D elements, not B*S*D), which is what a fused kernel reads or writes."""
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+# --- command-line and report helpers shared by the bench subjects and the demo ---------------------
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+
+def parse_dtypes(text: str) -> list[torch.dtype]:
+    """``"fp32,bf16"`` -> ``[torch.float32, torch.bfloat16]``; a ValueError names an unknown entry."""
+    out = []
+    for name in (s.strip() for s in text.split(",") if s.strip()):
+        if name not in DTYPES:
+            raise ValueError(f"--dtype: unknown dtype {name!r}; expected a comma list of {', '.join(DTYPES)}")
+        out.append(DTYPES[name])
+    if not out:
+        raise ValueError(f"--dtype: empty list {text!r}; expected a comma list of {', '.join(DTYPES)}")
+    return out
+
+
+def setup_device(device: str, threads: int | None) -> torch.device:
+    """Validates ``--device`` and applies ``--threads`` (CPU intra-op threads) before anything is timed."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device: {device!r} requested but torch {torch.__version__} sees no CUDA device")
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"--threads: {threads}; expected a positive integer")
+        torch.set_num_threads(threads)
+    return dev
+
+
+def run_facts(device: torch.device | str = "cpu") -> dict:
+    """What a JSON result file records besides the numbers: machine, torch, threads, date (UTC)."""
+    import datetime
+
+    device = torch.device(device)
+    facts = {
+        "machine": machine_summary(device),
+        "torch": torch.__version__,
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    if device.type == "cuda":
+        facts["gpu"] = torch.cuda.get_device_name(device)
+        facts["cuda"] = torch.version.cuda
+    else:
+        facts["cpu"] = cpu_model()
+        facts["cores"] = os.cpu_count()
+        facts["load_avg_1min"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return facts
+
+
+def format_table(headers: list[str], rows: list[list[str]]) -> str:
+    """A plain-text table: first column left-aligned, the others right-aligned, one space-padded line each."""
+    cells = [headers] + rows
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+
+    def line(r):
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+
+    return "\n".join([line(headers), "  ".join("-" * w for w in widths)] + [line(r) for r in rows])
+
+
+def write_json(path: str, payload: dict) -> None:
+    import json
+
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=2, sort_keys=False)
+        f.write("\n")
