@@ -170,7 +170,7 @@ def _fusion_patterns(name, v):
             try:
                 setattr(fp, k, x)
             except (TypeError, ValueError) as e:
-                raise type(e)(f"{name}.{e}") from None
+                raise type(e)(f"{name}: {e}") from None
         return fp
     raise TypeError(f"{name} must be a FusionPatterns or a dict of its fields, got {v!r} ({type(v).__name__})")
 

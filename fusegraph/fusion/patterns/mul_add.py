@@ -10,11 +10,13 @@ Source forms (SPEC §3):
 Plain forms fuse only when every tensor operand has the result's dtype (mixed-dtype promotion rounds the
 product first in eager, which one fused rounding would not reproduce). ``add(..., alpha=k)`` never matches.
 """
+import logging
 import numbers
 
 import torch
 from torch._inductor.pattern_matcher import fwd_only, register_replacement
 
+log = logging.getLogger("fusegraph")
 _FLOAT = (torch.float32, torch.bfloat16, torch.float16)
 _SCALAR_MAGIC = 0.7853981633974483  # an unlikely literal: every occurrence in the traced pattern becomes a wildcard
 
@@ -88,7 +90,22 @@ def _wan_check(dtype):
     return check
 
 
+def _op_traceable() -> bool:
+    """The fused op must have a fake kernel for the replacement to be traced (it lands with fusegraph.ops.mul_add)."""
+    try:
+        x = torch.empty(2, 3, 8)
+        torch.ops.fusegraph.mul_add(x, x, x)
+        torch.ops.fusegraph.mul_add.Scalar(x, 0.5, x)
+        return True
+    except (NotImplementedError, RuntimeError):
+        return False
+
+
 def register(pm, opts) -> None:
+    if not _op_traceable():
+        log.warning("fusegraph: mul_add patterns not registered: torch.ops.fusegraph.mul_add has no fake kernel "
+                    "in this build")
+        return
     # Wan's cast-wrapped form first: its root (the cast back) is visited before the float32 add it contains.
     for dtype in (torch.bfloat16, torch.float16):
         h = torch.empty(2, 3, 8, dtype=dtype)
