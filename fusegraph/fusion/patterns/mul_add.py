@@ -90,36 +90,38 @@ def _wan_check(dtype):
     return check
 
 
-def _op_traceable() -> bool:
-    """The fused op must have a fake kernel for the replacement to be traced (it lands with fusegraph.ops.mul_add)."""
+def _op_traceable():
+    """None when the fused op can be traced (it has a fake kernel), else why not."""
     try:
         x = torch.empty(2, 3, 8)
         torch.ops.fusegraph.mul_add(x, x, x)
         torch.ops.fusegraph.mul_add.Scalar(x, 0.5, x)
-        return True
-    except (NotImplementedError, RuntimeError):
-        return False
+        return None
+    except (NotImplementedError, RuntimeError) as e:
+        return f"{type(e).__name__}: {e}"
 
 
 def register(pm, opts) -> None:
-    if not _op_traceable():
-        log.warning("fusegraph: mul_add patterns not registered: torch.ops.fusegraph.mul_add has no fake kernel "
-                    "in this build")
+    why = _op_traceable()
+    if why is not None:
+        log.warning("fusegraph: mul_add patterns not registered: torch.ops.fusegraph.mul_add cannot be traced (%s)",
+                    why)
         return
     # Wan's cast-wrapped form first: its root (the cast back) is visited before the float32 add it contains.
+    # Distinct example tensors for distinct arguments: tracing one tensor twice would tie the wildcards together.
     for dtype in (torch.bfloat16, torch.float16):
-        h = torch.empty(2, 3, 8, dtype=dtype)
+        h, y = torch.empty(2, 3, 8, dtype=dtype), torch.empty(2, 3, 8, dtype=dtype)
         gate = torch.empty(2, 1, 8, dtype=torch.float32)
-        register_replacement(_wan, _replace_wan, [h, h, gate], fwd_only, pm, extra_check=_wan_check(dtype),
+        register_replacement(_wan, _replace_wan, [h, y, gate], fwd_only, pm, extra_check=_wan_check(dtype),
                              skip_duplicates=True)
 
-    x = torch.empty(2, 3, 8)
+    x, y = torch.empty(2, 3, 8), torch.empty(2, 3, 8)
     for search in (_scalar_mul_then_add, _scalar_add_of_mul):
-        register_replacement(search, _replace_scalar, [x, x], fwd_only, pm,
+        register_replacement(search, _replace_scalar, [x, y], fwd_only, pm,
                              extra_check=_same_dtype_check(("x", "y"), "scalar"),
                              scalar_workaround={"scalar": _SCALAR_MAGIC}, skip_duplicates=True)
 
     g = torch.empty(2, 1, 8)
     for search in (_mul_then_add, _add_of_mul):
-        register_replacement(search, _replace_tensor, [x, g, x], fwd_only, pm,
+        register_replacement(search, _replace_tensor, [x, g, y], fwd_only, pm,
                              extra_check=_same_dtype_check(("a", "b", "c")), skip_duplicates=True)
