@@ -135,6 +135,7 @@ class _CompileJob:
         self.backend = backend
         self.graph_id = graph_id
         self.counts: Optional[dict] = None
+        self.fusing = True
         self.fallbacks: list = []
         self.glog = passes.GraphLog(backend._log_dir, f"graph{graph_id:03d}")
 
@@ -198,7 +199,8 @@ class Backend:
         if why:
             job.note_fallback(why)
         self.last_route = route
-        captured_before = self.stats.graphs_captured
+        job.fusing = route != "graph_only"
+        captured_before, seconds_before = self.stats.graphs_captured, self.stats.capture_seconds
         if route == "default" and self.config.inductor:
             compiled = self._compile_inductor(gm, example_inputs, job)
         else:
@@ -207,15 +209,29 @@ class Backend:
         with self.stats._lock:
             self.stats.graphs_compiled += 1
             self.stats.compile_seconds += seconds
-        log.info(self._summary(job, route, self.stats.graphs_captured - captured_before))
+        log.info(self._summary(job, self.stats.graphs_captured - captured_before,
+                               self.stats.capture_seconds - seconds_before))
+        log.debug("fusegraph: graph %d compiled in %.2f s on the %s route (%s)", job.graph_id, seconds, route,
+                  "Inductor" if route == "default" and self.config.inductor else "aten graph")
         return compiled
 
     # default route, inductor=True
     def _compile_inductor(self, gm, example_inputs, job):
         from torch._inductor.compile_fx import compile_fx
 
-        patches = {"post_grad_custom_pre_pass": _FusionPass(self, job), "freezing": self.config.enable_freezing}
-        return compile_fx(gm, example_inputs, config_patches=patches)
+        fusion_pass = _FusionPass(self, job)
+        patches = {"post_grad_custom_pre_pass": fusion_pass, "freezing": self.config.enable_freezing}
+        compiled = compile_fx(gm, example_inputs, config_patches=patches)
+        # Inductor's caches skip the custom pass on a hit: the counts then come from when the graph was fused.
+        key = _counts_key(gm, example_inputs, fusion_pass.uuid(), self.config.enable_freezing)
+        if job.counts is not None:
+            _store_counts(key, job.counts)
+        else:
+            counts = _load_counts(key)
+            if counts is not None:
+                job.counts = counts
+                self.stats.add_patterns(counts)
+        return compiled
 
     # default route with inductor=False, and the graph routes: an aten graph, fused or not, run or captured
     def _compile_aten(self, gm, example_inputs, job, route):
@@ -265,19 +281,60 @@ class Backend:
         runner = runtime.GraphRunner(fn, config=self.config, stats=self.stats)
         return runner
 
-    def _summary(self, job, route, captured: int) -> str:
-        if job.counts is None:
-            fused = "fused nothing (" + ("Inductor cache hit: not re-counted" if route == "default"
-                                         and self.config.inductor else "fusion off") + ")"
-        else:
-            fused = "fused " + " ".join(f"{name}×{job.counts.get(name, 0)}" for name in PATTERN_NAMES)
-        if route == "default":
-            how = "Inductor" if self.config.inductor else "fused aten ops"
-            return f"fusegraph: {fused}; captured 0 graphs (default route, {how})"
-        s = self.stats
-        n = captured
-        return (f"fusegraph: {fused}; captured {n} graph{'s' if n != 1 else ''} "
-                f"({s.capture_seconds:.2f} s, {s.graph_memory_bytes / 2**20:.1f} MiB)")
+    def _summary(self, job, captured: int, capture_seconds: float) -> str:
+        """The SPEC §1.3 line; '?' for a count Inductor served from its cache before fusegraph saw the graph."""
+        counts = job.counts or {}
+        unknown = job.counts is None and job.fusing
+        fused = " ".join(f"{name}×{'?' if unknown else counts.get(name, 0)}" for name in PATTERN_NAMES)
+        return (f"fusegraph: fused {fused}; captured {captured} graph{'' if captured == 1 else 's'} "
+                f"({capture_seconds:.2f} s, {self.stats.graph_memory_bytes / 2**20:.1f} MiB)")
+
+
+def _counts_key(gm, example_inputs, pass_uuid, freezing) -> str:
+    """Identifies one Inductor compile of a Dynamo graph as far as fusion is concerned."""
+    inputs = [(tuple(x.shape), tuple(x.stride()), str(x.dtype), x.device.type, x.requires_grad)
+              if isinstance(x, torch.Tensor) else repr(x) for x in example_inputs]
+    text = repr((gm.code, inputs, pass_uuid, freezing, torch.is_grad_enabled(), torch.__version__))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _counts_path(key: str) -> str:
+    import os
+
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return os.path.join(cache_dir(), "fusegraph_counts", key + ".json")
+
+
+_counts_memo: dict = {}
+
+
+def _store_counts(key: str, counts: dict) -> None:
+    import json
+    import os
+
+    _counts_memo[key] = dict(counts)
+    try:
+        path = _counts_path(key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(counts, f)
+        os.replace(tmp, path)
+    except OSError:  # counts are a report, never worth failing a compile
+        pass
+
+
+def _load_counts(key: str) -> Optional[dict]:
+    import json
+
+    if key in _counts_memo:
+        return dict(_counts_memo[key])
+    try:
+        with open(_counts_path(key)) as f:
+            return {k: int(v) for k, v in json.load(f).items()}
+    except (OSError, ValueError):
+        return None
 
 
 def _drop_frozen_args(gm, keep):
