@@ -13,3 +13,32 @@ at::ScalarType check_adaln_args(const at::Tensor& x, const at::Tensor& scale, co
                                 std::optional<at::ScalarType> out_dtype);
 
 }  // namespace fusegraph
+
+// ---- CPU kernel interface (csrc/ops/cpu/adaln_kernel.cpp) ----
+#include "ops/cpu/dispatch.h"
+#include "ops/norm_rows.h"
+
+namespace fusegraph {
+
+// One call modulates `rows` rows of D elements. x/scale/shift rows start at the layout's offsets
+// (tensors 0, 1, 2; last dim contiguous; scale/shift share mod_dtype, which is x_dtype or float32);
+// out is contiguous [rows, D]. weight/bias are float32 [D] or null.
+struct AdalnKernelArgs {
+  const void* x;
+  const void* scale;
+  const void* shift;
+  void* out;
+  const float* weight;
+  const float* bias;
+  at::ScalarType x_dtype;
+  at::ScalarType mod_dtype;
+  at::ScalarType out_dtype;
+  int64_t rows;
+  int64_t D;
+  float eps;
+  const RowLayout* layout;  // three tensors: x, scale, shift
+};
+using adaln_fn = void (*)(const AdalnKernelArgs& args);
+FG_DECLARE_CPU_STUB(adaln_stub, adaln_fn);
+
+}  // namespace fusegraph

@@ -19,3 +19,31 @@ at::ScalarType check_rms_norm_args(const at::Tensor& x, const std::optional<at::
                                    const std::optional<at::Tensor>& bias, RmsNormStyle style);
 
 }  // namespace fusegraph
+
+// ---- CPU kernel interface (csrc/ops/cpu/rms_norm_kernel.cpp) ----
+#include "ops/cpu/dispatch.h"
+#include "ops/norm_rows.h"
+
+namespace fusegraph {
+
+// One call normalises `rows` rows of D elements. x rows start at layout offsets (last dim contiguous);
+// out is contiguous [rows, D]. weight/bias are float32 [D] or null. round_dtype: Undefined, or the
+// dtype (bf16/fp16) the normalised value is rounded to before the weight multiply and the product
+// before the bias add (diffusers style with a half-precision weight).
+struct RmsNormKernelArgs {
+  const void* x;
+  void* out;
+  const float* weight;
+  const float* bias;
+  at::ScalarType x_dtype;
+  at::ScalarType out_dtype;
+  at::ScalarType round_dtype;
+  int64_t rows;
+  int64_t D;
+  float eps;
+  const RowLayout* layout;  // one tensor: x
+};
+using rms_norm_fn = void (*)(const RmsNormKernelArgs& args);
+FG_DECLARE_CPU_STUB(rms_norm_stub, rms_norm_fn);
+
+}  // namespace fusegraph

@@ -1,5 +1,79 @@
-"""Placeholder: the rms_norm wrapper and fake kernel are being written (see csrc/ops/registration.cpp for the schema)."""
+"""RMSNorm over the last dim, in the two flavours models use: ``torch.rms_norm`` and diffusers ``RMSNorm``."""
+from __future__ import annotations
+
+import torch
+
+from ._checks import check_eps, check_float_tensor, check_same_device
+
+STYLES = ("torch", "diffusers")
+_HALF = (torch.bfloat16, torch.float16)
 
 
-def rms_norm(*args, **kwargs):
-    raise NotImplementedError("fusegraph.ops.rms_norm: not implemented yet")
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6, *,
+             bias: torch.Tensor | None = None, style: str = "torch") -> torch.Tensor:
+    r"""RMSNorm over the last dim :math:`D` of ``x`` (any rank >= 1, any strides):
+
+    .. math:: n = x \,/\, \sqrt{\tfrac1D \textstyle\sum_j x_j^2 + \epsilon}
+
+    with the sum, the mean and :math:`n` in float32 (``eps`` added in float32, as eager does).
+
+    ``style="torch"`` — ``torch.rms_norm(x, [D], weight, eps)`` (+ ``bias``): :math:`y = n\,w + b`
+    in float32, rounded once to ``x.dtype`` (promoted with ``bias.dtype`` when a bias is given).
+
+    ``style="diffusers"`` — ``diffusers.models.normalization.RMSNorm.forward``:
+
+    * fp16/bf16 ``weight``: :math:`y = \mathrm{r}(\mathrm{r}(n)\,w) + b` where :math:`\mathrm{r}` rounds
+      to ``weight.dtype`` (the eager cast before the weight multiply, and the half-precision product
+      before the bias add); result ``weight.dtype`` (promoted with ``bias.dtype``). Bitwise equal to
+      eager whenever the float32 :math:`n` agrees.
+    * float32 ``weight``: :math:`y = n\,w + b` in float32; result float32 (even for bf16 ``x``).
+    * no ``weight``: :math:`y = n (+ b)`, result ``x.dtype`` (promoted with ``bias.dtype``).
+
+    ``weight`` and ``bias`` are ``[D]``. Output is contiguous with ``x``'s shape.
+    """
+    return torch.ops.fusegraph.rms_norm(x, weight, eps, bias=bias, style=style)
+
+
+def rms_norm_out_dtype(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                       style: str) -> torch.dtype:
+    """The output dtype of :func:`rms_norm` (same rule as ``check_rms_norm_args`` in C++)."""
+    out = x.dtype
+    if style == "diffusers" and weight is not None:
+        out = weight.dtype if weight.dtype in _HALF else torch.float32
+    if bias is not None:
+        out = torch.promote_types(out, bias.dtype)
+    return out
+
+
+def _check_param(x: torch.Tensor, p: torch.Tensor, arg: str) -> None:
+    check_float_tensor(p, "rms_norm", arg)
+    check_same_device(x, "x", p, "rms_norm", arg)
+    D = x.shape[-1]
+    if p.dim() != 1 or p.shape[0] != D:
+        raise RuntimeError(
+            f"fusegraph.rms_norm: argument '{arg}' has shape {list(p.shape)}; expected [{D}] "
+            f"(x's last dim; x has shape {list(x.shape)})"
+        )
+
+
+def check_rms_norm_args(x, weight, eps, bias, style) -> torch.dtype:
+    if style not in STYLES:
+        raise ValueError(f"fusegraph.rms_norm: argument 'style' is \"{style}\"; expected \"torch\" or \"diffusers\"")
+    check_float_tensor(x, "rms_norm", "x")
+    if x.dim() < 1:
+        raise RuntimeError(
+            f"fusegraph.rms_norm: argument 'x' has shape {list(x.shape)} (0 dims); "
+            "expected at least 1 dim (the normalised last dim)"
+        )
+    if weight is not None:
+        _check_param(x, weight, "weight")
+    if bias is not None:
+        _check_param(x, bias, "bias")
+    check_eps(eps, "rms_norm")
+    return rms_norm_out_dtype(x, weight, bias, style)
+
+
+@torch.library.register_fake("fusegraph::rms_norm")
+def _rms_norm_fake(x, weight=None, eps=1e-6, *, bias=None, style="torch"):
+    dtype = check_rms_norm_args(x, weight, eps, bias, style)
+    return torch.empty_like(x, dtype=dtype, memory_format=torch.contiguous_format)

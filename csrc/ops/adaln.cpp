@@ -1,0 +1,120 @@
+#include "ops/adaln.h"
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "common/checks.h"
+#include "common/output.h"
+
+namespace fusegraph {
+
+FG_DEFINE_CPU_STUB(adaln_stub, adaln_fn);
+
+namespace {
+
+// weight / bias of the LayerNorm: float tensor of shape [D] on x's device.
+void check_param(const at::Tensor& x, const at::Tensor& p, const char* arg) {
+  check_float_tensor(p, "adaln", arg);
+  check_same_device(x, "x", p, "adaln", arg);
+  const int64_t D = x.size(-1);
+  TORCH_CHECK(p.dim() == 1 && p.size(0) == D, "fusegraph.adaln: argument '", arg, "' has shape ", p.sizes(),
+              "; expected [", D, "] (x's last dim; x has shape ", x.sizes(), ")");
+}
+
+// scale / shift: last dim D, broadcastable to x (each leading dim 1 or x's), rank <= x's rank.
+void check_modulation(const at::Tensor& x, const at::Tensor& m, const char* arg) {
+  check_float_tensor(m, "adaln", arg);
+  check_same_device(x, "x", m, "adaln", arg);
+  const int64_t D = x.size(-1);
+  TORCH_CHECK(m.dim() >= 1 && m.size(-1) == D, "fusegraph.adaln: argument '", arg, "' has shape ", m.sizes(),
+              "; expected its last dim to be ", D, " (x's last dim; x has shape ", x.sizes(), ")");
+  bool ok = m.dim() <= x.dim();
+  for (int64_t i = 1; ok && i <= m.dim(); ++i) {
+    ok = m.size(-i) == 1 || m.size(-i) == x.size(-i);
+  }
+  TORCH_CHECK(ok, "fusegraph.adaln: argument '", arg, "' has shape ", m.sizes(), ", which does not broadcast to x's shape ",
+              x.sizes(), "; expected at most ", x.dim(), " dims, each 1 or equal to x's (e.g. [B, 1, D] or [B, S, D])");
+}
+
+}  // namespace
+
+at::ScalarType check_adaln_args(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift, double eps,
+                                const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                                std::optional<at::ScalarType> out_dtype) {
+  check_float_tensor(x, "adaln", "x");
+  TORCH_CHECK(x.dim() >= 2, "fusegraph.adaln: argument 'x' has shape ", x.sizes(), " (", x.dim(),
+              " dims); expected at least 2 dims, e.g. [B, S, D]");
+  check_modulation(x, scale, "scale");
+  check_modulation(x, shift, "shift");
+  const bool has_w = weight.has_value() && weight->defined();
+  const bool has_b = bias.has_value() && bias->defined();
+  if (has_w) check_param(x, *weight, "weight");
+  if (has_b) check_param(x, *bias, "bias");
+  check_eps(eps, "adaln");
+  check_out_dtype(out_dtype, "adaln");
+  if (out_dtype.has_value()) return *out_dtype;
+  // Eager `layer_norm(x, [D], w, b) * (1 + scale) + shift`: every operand has >= 1 dim, so
+  // torch.result_type is plain dtype promotion over all of them.
+  at::ScalarType t = at::promote_types(x.scalar_type(), at::promote_types(scale.scalar_type(), shift.scalar_type()));
+  if (has_w) t = at::promote_types(t, weight->scalar_type());
+  if (has_b) t = at::promote_types(t, bias->scalar_type());
+  return t;
+}
+
+namespace {
+
+at::Tensor last_dim_contiguous(const at::Tensor& t) {
+  return (t.size(-1) <= 1 || t.stride(-1) == 1) ? t : t.contiguous();
+}
+
+at::Tensor adaln_cpu(const at::Tensor& x_in, const at::Tensor& scale_in, const at::Tensor& shift_in, double eps,
+                     const std::optional<at::Tensor>& weight_in, const std::optional<at::Tensor>& bias_in,
+                     std::optional<at::ScalarType> out_dtype_in) {
+  const at::ScalarType out_dtype = check_adaln_args(x_in, scale_in, shift_in, eps, weight_in, bias_in, out_dtype_in);
+  const bool has_w = weight_in.has_value() && weight_in->defined();
+  const bool has_b = bias_in.has_value() && bias_in->defined();
+
+  const at::Tensor x = last_dim_contiguous(x_in);
+  const int64_t D = x.size(-1);
+  // The kernel reads scale and shift in one dtype, x's or float32. The usual cases (both x's dtype, or
+  // both float32) are read in place; any other mix is upcast to float32 (exact) first.
+  at::Tensor scale = scale_in, shift = shift_in;
+  const at::ScalarType sd = scale.scalar_type();
+  if (!(sd == shift.scalar_type() && (sd == x.scalar_type() || sd == at::kFloat))) {
+    scale = scale.to(at::kFloat);
+    shift = shift.to(at::kFloat);
+  }
+  // Broadcast views (0 strides): a [B,1,D] chunk of an embedding is read in place, row by row.
+  scale = last_dim_contiguous(scale).expand(x.sizes());
+  shift = last_dim_contiguous(shift).expand(x.sizes());
+  const at::Tensor w = has_w ? weight_in->to(at::kFloat).contiguous() : at::Tensor();
+  const at::Tensor b = has_b ? bias_in->to(at::kFloat).contiguous() : at::Tensor();
+
+  at::Tensor out = new_output(x.sizes(), x.options().dtype(out_dtype));
+  if (out.numel() == 0) return out;
+
+  const int64_t k = x.dim() - 1;
+  const RowLayout layout(x.sizes().slice(0, k),
+                         {x.strides().slice(0, k), scale.strides().slice(0, k), shift.strides().slice(0, k)});
+  AdalnKernelArgs args{x.const_data_ptr(),
+                       scale.const_data_ptr(),
+                       shift.const_data_ptr(),
+                       out.mutable_data_ptr(),
+                       has_w ? w.const_data_ptr<float>() : nullptr,
+                       has_b ? b.const_data_ptr<float>() : nullptr,
+                       x.scalar_type(),
+                       scale.scalar_type(),
+                       out_dtype,
+                       out.numel() / D,
+                       D,
+                       static_cast<float>(eps),
+                       &layout};
+  adaln_stub.get("adaln")(args);
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fusegraph, CPU, m) { m.impl("adaln", &adaln_cpu); }
+
+}  // namespace fusegraph

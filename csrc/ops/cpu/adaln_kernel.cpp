@@ -1,0 +1,166 @@
+// Compiled once per CPU capability (see dispatch.h). Adaptive LayerNorm modulation over rows of D
+// elements: y = layer_norm(x)[*w + b] * (1 + scale) + shift, float32 math, one rounding at the store.
+// Per row: pass 1 reads x from memory (bf16/fp16 rows are widened once into a per-thread float32
+// buffer) and sums it; pass 2 sums (x - mean)^2 from cache (two-pass variance: exact enough for rows
+// with a large mean, unlike E[x^2] - mean^2); pass 3 reads scale/shift and writes the output.
+#include "common/dispatch.h"
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <cmath>
+#include <memory>
+#include <type_traits>
+
+#include "ops/adaln.h"
+#include "ops/cpu/vec_io.h"
+
+namespace fusegraph::cpu {
+inline namespace CPU_CAPABILITY {
+namespace {
+
+// Rows per parallel task (>= ~16K elements per task); rows are independent, so results are too.
+inline int64_t row_grain(int64_t D) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(D, 1)); }
+
+inline float sum_lanes(const fVec& v) {
+  return at::vec::vec_reduce_all<float>([](const fVec& a, const fVec& b) { return a + b; }, v);
+}
+
+template <typename T>
+inline void load_block(const T* p, fVec& a, fVec& b, int64_t n) {
+  if (n == VecIO<T>::kBlock) {
+    VecIO<T>::load(p, a, b);
+  } else {
+    VecIO<T>::load(p, a, b, n);
+  }
+}
+template <typename T>
+inline void store_block(T* p, const fVec& a, const fVec& b, int64_t n) {
+  if (n == VecIO<T>::kBlock) {
+    VecIO<T>::store(p, a, b);
+  } else {
+    VecIO<T>::store(p, a, b, n);
+  }
+}
+
+// Zero the lanes of a block past its first n elements.
+inline void mask_tail(fVec& a, fVec& b, int64_t n) {
+  constexpr int64_t kV = fVec::size();
+  const fVec zero(0.0f);
+  a = fVec::set(zero, a, std::min(n, kV));
+  b = fVec::set(zero, b, n > kV ? n - kV : 0);
+}
+
+template <typename T_x, typename T_m, typename T_out>
+void adaln_rows(const AdalnKernelArgs& p) {
+  constexpr int64_t kB = VecIO<float>::kBlock;
+  constexpr bool kWiden = !std::is_same_v<T_x, float>;  // keep a float32 copy of the row
+  const int64_t D = p.D;
+  const T_x* x = static_cast<const T_x*>(p.x);
+  const T_m* scale = static_cast<const T_m*>(p.scale);
+  const T_m* shift = static_cast<const T_m*>(p.shift);
+  T_out* out = static_cast<T_out*>(p.out);
+  const float* w = p.weight;
+  const float* bias = p.bias;
+  const float eps = p.eps;
+  const float d_f = static_cast<float>(D);
+  // Round D up to whole blocks so full-block loads/stores of the buffer stay inside it.
+  const int64_t buf_len = kWiden ? at::divup(D, kB) * kB : 0;
+
+  at::parallel_for(0, p.rows, row_grain(D), [&](int64_t r0, int64_t r1) {
+    std::unique_ptr<float[]> buf(kWiden ? new float[buf_len] : nullptr);
+    for (int64_t r = r0; r < r1; ++r) {
+      int64_t off[3];
+      p.layout->offsets(r, off);
+      const T_x* xr = x + off[0];
+      const T_m* sc = scale + off[1];
+      const T_m* sh = shift + off[2];
+      T_out* o = out + r * D;
+      // The row as float32: x itself (float32), or the widened copy.
+      const float* row = kWiden ? buf.get() : reinterpret_cast<const float*>(xr);
+
+      // Pass 1: sum. Zero lanes past the end add nothing.
+      fVec s0(0.0f), s1(0.0f);
+      for (int64_t i = 0; i < D; i += kB) {
+        const int64_t n = std::min(kB, D - i);
+        fVec a, b;
+        load_block(xr + i, a, b, n);
+        if constexpr (kWiden) {
+          a.store(buf.get() + i);
+          b.store(buf.get() + i + fVec::size());
+        }
+        s0 = s0 + a;
+        s1 = s1 + b;
+      }
+      const float mean = sum_lanes(s0 + s1) / d_f;
+      const fVec mean_v(mean);
+
+      // Pass 2: sum of squared deviations (from cache).
+      fVec q0(0.0f), q1(0.0f);
+      for (int64_t i = 0; i < D; i += kB) {
+        const int64_t n = std::min(kB, D - i);
+        fVec a, b;
+        load_block(row + i, a, b, n);
+        a = a - mean_v;
+        b = b - mean_v;
+        if (n < kB) mask_tail(a, b, n);
+        q0 = at::vec::fmadd(a, a, q0);
+        q1 = at::vec::fmadd(b, b, q1);
+      }
+      const float var = sum_lanes(q0 + q1) / d_f;
+      const fVec rstd(1.0f / std::sqrt(var + eps));
+      const fVec one(1.0f);
+
+      // Pass 3: normalise, affine, modulate, one store.
+      for (int64_t j = 0; j < D; j += kB) {
+        const int64_t n = std::min(kB, D - j);
+        fVec a, b;
+        load_block(row + j, a, b, n);
+        a = (a - mean_v) * rstd;
+        b = (b - mean_v) * rstd;
+        if (w != nullptr) {
+          fVec wa, wb;
+          load_block(w + j, wa, wb, n);
+          a = a * wa;
+          b = b * wb;
+        }
+        if (bias != nullptr) {
+          fVec ba, bb;
+          load_block(bias + j, ba, bb, n);
+          a = a + ba;
+          b = b + bb;
+        }
+        fVec sca, scb, sha, shb;
+        load_block(sc + j, sca, scb, n);
+        load_block(sh + j, sha, shb, n);
+        a = at::vec::fmadd(a, one + sca, sha);
+        b = at::vec::fmadd(b, one + scb, shb);
+        store_block(o + j, a, b, n);
+      }
+    }
+  });
+}
+
+template <typename T_x, typename T_m>
+void adaln_dispatch_out(const AdalnKernelArgs& p) {
+  FG_DISPATCH_FLOAT_TYPES(p.out_dtype, "fusegraph_adaln_out", [&] { adaln_rows<T_x, T_m, scalar_t>(p); });
+}
+
+void adaln_kernel(const AdalnKernelArgs& p) {
+  FG_DISPATCH_FLOAT_TYPES(p.x_dtype, "fusegraph_adaln", [&] {
+    // scale/shift come in x's dtype or float32 (the op upcasts any other mix).
+    if (p.mod_dtype == p.x_dtype) {
+      adaln_dispatch_out<scalar_t, scalar_t>(p);
+    } else {
+      TORCH_INTERNAL_ASSERT(p.mod_dtype == at::kFloat, "adaln: scale/shift dtype ", p.mod_dtype);
+      adaln_dispatch_out<scalar_t, float>(p);
+    }
+  });
+}
+
+}  // namespace
+
+FG_REGISTER_CPU_KERNEL(::fusegraph::adaln_stub, &adaln_kernel);
+
+}  // namespace CPU_CAPABILITY
+}  // namespace fusegraph::cpu

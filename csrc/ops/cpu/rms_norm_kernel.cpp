@@ -1,0 +1,137 @@
+// Compiled once per CPU capability (see dispatch.h). RMSNorm over rows of D elements: float32 math,
+// one rounding to the output dtype (plus the diffusers rounding points when asked for).
+// Per row: pass 1 reads the row from memory and accumulates sum(x^2) in four vector accumulators;
+// pass 2 reads it again from cache (a row of <= 12288 elements fits in L1/L2) and writes the output.
+#include "common/dispatch.h"
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <cmath>
+
+#include "ops/cpu/vec_io.h"
+#include "ops/rms_norm.h"
+
+namespace fusegraph::cpu {
+inline namespace CPU_CAPABILITY {
+namespace {
+
+// Rows per parallel task: at least ~16K elements, so small rows are not split into tiny tasks. Rows
+// are independent and each is computed in a fixed order, so results do not depend on the split.
+inline int64_t row_grain(int64_t D) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(D, 1)); }
+
+inline float sum_lanes(const fVec& v) {
+  return at::vec::vec_reduce_all<float>([](const fVec& a, const fVec& b) { return a + b; }, v);
+}
+
+// Round both halves of a block to R (bf16 / fp16) and back: the rounding an eager cast would do.
+template <typename R>
+inline void round_through(fVec& a, fVec& b) {
+  std::tie(a, b) = at::vec::convert_to_float<R>(at::vec::convert_from_float<R>(a, b));
+}
+
+// Block of n <= kBlock elements (n == kBlock: full load).
+template <typename T>
+inline void load_block(const T* p, fVec& a, fVec& b, int64_t n) {
+  if (n == VecIO<T>::kBlock) {
+    VecIO<T>::load(p, a, b);
+  } else {
+    VecIO<T>::load(p, a, b, n);
+  }
+}
+template <typename T>
+inline void store_block(T* p, const fVec& a, const fVec& b, int64_t n) {
+  if (n == VecIO<T>::kBlock) {
+    VecIO<T>::store(p, a, b);
+  } else {
+    VecIO<T>::store(p, a, b, n);
+  }
+}
+
+template <typename T_x, typename T_out>
+void rms_norm_rows(const RmsNormKernelArgs& p) {
+  static_assert(VecIO<T_x>::kBlock == VecIO<T_out>::kBlock && VecIO<T_x>::kBlock == VecIO<float>::kBlock);
+  constexpr int64_t kB = VecIO<float>::kBlock;
+  const int64_t D = p.D;
+  const T_x* x = static_cast<const T_x*>(p.x);
+  T_out* out = static_cast<T_out*>(p.out);
+  const float* w = p.weight;
+  const float* bias = p.bias;
+  const bool round_bf16 = p.round_dtype == at::kBFloat16;
+  const bool round_half = p.round_dtype == at::kHalf;
+  const float eps = p.eps;
+  const float d_f = static_cast<float>(D);
+
+  at::parallel_for(0, p.rows, row_grain(D), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      int64_t off;
+      p.layout->offsets(r, &off);
+      const T_x* xr = x + off;
+      T_out* o = out + r * D;
+
+      // Pass 1: sum of squares. Lanes past the row's end load as zero and add nothing.
+      fVec s0(0.0f), s1(0.0f), s2(0.0f), s3(0.0f);
+      int64_t i = 0;
+      for (; i + 2 * kB <= D; i += 2 * kB) {
+        fVec a, b, c, d;
+        VecIO<T_x>::load(xr + i, a, b);
+        VecIO<T_x>::load(xr + i + kB, c, d);
+        s0 = at::vec::fmadd(a, a, s0);
+        s1 = at::vec::fmadd(b, b, s1);
+        s2 = at::vec::fmadd(c, c, s2);
+        s3 = at::vec::fmadd(d, d, s3);
+      }
+      for (; i < D; i += kB) {
+        fVec a, b;
+        load_block(xr + i, a, b, std::min(kB, D - i));
+        s0 = at::vec::fmadd(a, a, s0);
+        s1 = at::vec::fmadd(b, b, s1);
+      }
+      const float ss = sum_lanes((s0 + s1) + (s2 + s3));
+      // As eager: mean in float32, + eps in float32, reciprocal square root.
+      const fVec rstd(1.0f / std::sqrt(ss / d_f + eps));
+
+      // Pass 2: normalise, weight, bias, one store (row is in cache now).
+      for (int64_t j = 0; j < D; j += kB) {
+        const int64_t n = std::min(kB, D - j);
+        fVec a, b;
+        load_block(xr + j, a, b, n);
+        a = a * rstd;
+        b = b * rstd;
+        if (w != nullptr) {
+          // diffusers: the normalised value is cast to the (half) weight dtype before the multiply.
+          if (round_bf16) round_through<c10::BFloat16>(a, b);
+          if (round_half) round_through<c10::Half>(a, b);
+          fVec wa, wb;
+          load_block(w + j, wa, wb, n);
+          a = a * wa;
+          b = b * wb;
+        }
+        if (bias != nullptr) {
+          // diffusers: the product is a half tensor before the bias is added.
+          if (round_bf16) round_through<c10::BFloat16>(a, b);
+          if (round_half) round_through<c10::Half>(a, b);
+          fVec ba, bb;
+          load_block(bias + j, ba, bb, n);
+          a = a + ba;
+          b = b + bb;
+        }
+        store_block(o + j, a, b, n);
+      }
+    }
+  });
+}
+
+void rms_norm_kernel(const RmsNormKernelArgs& p) {
+  FG_DISPATCH_FLOAT_TYPES(p.x_dtype, "fusegraph_rms_norm", [&] {
+    using x_t = scalar_t;
+    FG_DISPATCH_FLOAT_TYPES(p.out_dtype, "fusegraph_rms_norm_out", [&] { rms_norm_rows<x_t, scalar_t>(p); });
+  });
+}
+
+}  // namespace
+
+FG_REGISTER_CPU_KERNEL(::fusegraph::rms_norm_stub, &rms_norm_kernel);
+
+}  // namespace CPU_CAPABILITY
+}  // namespace fusegraph::cpu

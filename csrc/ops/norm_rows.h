@@ -1,0 +1,66 @@
+#pragma once
+// Row addressing for the row-wise norm kernels (rms_norm, adaln). A tensor of rank k+1 is a set of rows
+// (the last dim, contiguous) indexed by its k leading dims; the row's start is sum_d idx_d * stride_d.
+// Several tensors that share the leading shape (x and broadcast scale/shift, expanded with 0 strides)
+// are addressed together, after coalescing dims that are contiguous for all of them. This lets the
+// kernels read strided rows and [B,1,D] views from `chunk` in place, without copies.
+#include <c10/util/ArrayRef.h>
+#include <c10/util/Exception.h>
+#include <c10/util/SmallVector.h>
+
+#include <cstdint>
+#include <initializer_list>
+
+namespace fusegraph {
+
+class RowLayout {
+ public:
+  static constexpr int kMaxTensors = 3;
+
+  // lead_sizes: the shared leading shape; lead_strides: each tensor's strides (elements) over those dims.
+  RowLayout(c10::IntArrayRef lead_sizes, std::initializer_list<c10::IntArrayRef> lead_strides)
+      : ntensors_(static_cast<int>(lead_strides.size())) {
+    TORCH_INTERNAL_ASSERT(ntensors_ >= 1 && ntensors_ <= kMaxTensors);
+    for (const auto& s : lead_strides) TORCH_INTERNAL_ASSERT(s.size() == lead_sizes.size());
+    for (size_t d = 0; d < lead_sizes.size(); ++d) {
+      if (lead_sizes[d] == 1) continue;  // index always 0: stride irrelevant
+      bool merge = !sizes_.empty();
+      int t = 0;
+      for (const auto& s : lead_strides) {
+        // dim d continues the previous kept dim when prev_stride == stride * size for every tensor
+        if (merge && strides_[(sizes_.size() - 1) * kMaxTensors + t] != s[d] * lead_sizes[d]) merge = false;
+        ++t;
+      }
+      if (merge) {
+        sizes_.back() *= lead_sizes[d];
+        t = 0;
+        for (const auto& s : lead_strides) strides_[(sizes_.size() - 1) * kMaxTensors + t++] = s[d];
+      } else {
+        sizes_.push_back(lead_sizes[d]);
+        t = 0;
+        strides_.resize(sizes_.size() * kMaxTensors, 0);
+        for (const auto& s : lead_strides) strides_[(sizes_.size() - 1) * kMaxTensors + t++] = s[d];
+      }
+    }
+  }
+
+  // Element offsets of row `row` (row-major over the leading shape) for each tensor, into off[0..n).
+  inline void offsets(int64_t row, int64_t* off) const {
+    for (int t = 0; t < ntensors_; ++t) off[t] = 0;
+    for (int64_t d = static_cast<int64_t>(sizes_.size()) - 1; d >= 0; --d) {
+      const int64_t size = sizes_[d];
+      const int64_t idx = row % size;
+      row /= size;
+      for (int t = 0; t < ntensors_; ++t) off[t] += idx * strides_[d * kMaxTensors + t];
+    }
+  }
+
+  int64_t num_dims() const { return static_cast<int64_t>(sizes_.size()); }
+
+ private:
+  int ntensors_;
+  c10::SmallVector<int64_t, 4> sizes_;
+  c10::SmallVector<int64_t, 4 * kMaxTensors> strides_;
+};
+
+}  // namespace fusegraph

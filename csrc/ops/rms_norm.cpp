@@ -1,0 +1,97 @@
+#include "ops/rms_norm.h"
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "common/checks.h"
+#include "common/output.h"
+
+namespace fusegraph {
+
+FG_DEFINE_CPU_STUB(rms_norm_stub, rms_norm_fn);
+
+namespace {
+
+bool is_half(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
+
+// weight / bias: float tensor of shape [D] on x's device.
+void check_param(const at::Tensor& x, const at::Tensor& p, const char* arg) {
+  check_float_tensor(p, "rms_norm", arg);
+  check_same_device(x, "x", p, "rms_norm", arg);
+  const int64_t D = x.size(-1);
+  TORCH_CHECK(p.dim() == 1 && p.size(0) == D, "fusegraph.rms_norm: argument '", arg, "' has shape ", p.sizes(),
+              "; expected [", D, "] (x's last dim; x has shape ", x.sizes(), ")");
+}
+
+}  // namespace
+
+RmsNormStyle parse_rms_norm_style(c10::string_view style) {
+  if (style == "torch") return RmsNormStyle::Torch;
+  if (style == "diffusers") return RmsNormStyle::Diffusers;
+  TORCH_CHECK_VALUE(false, "fusegraph.rms_norm: argument 'style' is \"", style,
+                    "\"; expected \"torch\" or \"diffusers\"");
+}
+
+at::ScalarType check_rms_norm_args(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
+                                   const std::optional<at::Tensor>& bias, RmsNormStyle style) {
+  check_float_tensor(x, "rms_norm", "x");
+  TORCH_CHECK(x.dim() >= 1, "fusegraph.rms_norm: argument 'x' has shape ", x.sizes(),
+              " (0 dims); expected at least 1 dim (the normalised last dim)");
+  const bool has_w = weight.has_value() && weight->defined();
+  const bool has_b = bias.has_value() && bias->defined();
+  if (has_w) check_param(x, *weight, "weight");
+  if (has_b) check_param(x, *bias, "bias");
+  check_eps(eps, "rms_norm");
+  // Output dtype = what the eager expression gives (docs/notes/norm.md):
+  //   torch:     torch.rms_norm(x, [D], w, eps) (+ bias)  -> x.dtype (promoted with bias.dtype)
+  //   diffusers: half weight -> weight.dtype (promoted with bias); fp32 weight -> float32;
+  //              no weight -> x.dtype (promoted with bias).
+  at::ScalarType out = x.scalar_type();
+  if (style == RmsNormStyle::Diffusers && has_w) out = is_half(weight->scalar_type()) ? weight->scalar_type() : at::kFloat;
+  if (has_b) out = at::promote_types(out, bias->scalar_type());
+  return out;
+}
+
+namespace {
+
+at::Tensor rms_norm_cpu(const at::Tensor& x_in, const std::optional<at::Tensor>& weight_in, double eps,
+                        const std::optional<at::Tensor>& bias_in, c10::string_view style_name) {
+  const RmsNormStyle style = parse_rms_norm_style(style_name);
+  const at::ScalarType out_dtype = check_rms_norm_args(x_in, weight_in, eps, bias_in, style);
+  const bool has_w = weight_in.has_value() && weight_in->defined();
+  const bool has_b = bias_in.has_value() && bias_in->defined();
+
+  // Rows may be strided; the last dim must be contiguous for vector loads.
+  const at::Tensor x = (x_in.size(-1) <= 1 || x_in.stride(-1) == 1) ? x_in : x_in.contiguous();
+  const int64_t D = x.size(-1);
+  // Parameters are [D]: one float32 copy each (exact upcast) keeps the kernel free of their dtype.
+  const at::Tensor w = has_w ? weight_in->to(at::kFloat).contiguous() : at::Tensor();
+  const at::Tensor b = has_b ? bias_in->to(at::kFloat).contiguous() : at::Tensor();
+
+  at::Tensor out = new_output(x.sizes(), x.options().dtype(out_dtype));
+  if (out.numel() == 0) return out;
+
+  const at::ScalarType round_dtype = (style == RmsNormStyle::Diffusers && has_w && is_half(weight_in->scalar_type()))
+                                         ? weight_in->scalar_type()
+                                         : at::ScalarType::Undefined;
+  const RowLayout layout(x.sizes().slice(0, x.dim() - 1), {x.strides().slice(0, x.dim() - 1)});
+  RmsNormKernelArgs args{x.const_data_ptr(),
+                         out.mutable_data_ptr(),
+                         has_w ? w.const_data_ptr<float>() : nullptr,
+                         has_b ? b.const_data_ptr<float>() : nullptr,
+                         x.scalar_type(),
+                         out_dtype,
+                         round_dtype,
+                         out.numel() / D,
+                         D,
+                         static_cast<float>(eps),
+                         &layout};
+  rms_norm_stub.get("rms_norm")(args);
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fusegraph, CPU, m) { m.impl("rms_norm", &rms_norm_cpu); }
+
+}  // namespace fusegraph

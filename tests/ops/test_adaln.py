@@ -1,0 +1,286 @@
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+from diffusers.models.normalization import AdaLayerNormZero
+
+import fusegraph
+from tests.helpers import DTYPES, assert_close_to_reference, randn, strided_copy
+
+# Row lengths: 1, odd, not a multiple of any vector width, a model width, and the largest we promise.
+DIMS = [1, 17, 3072 + 5, 12288]
+
+
+def reference64(x, scale, shift, eps=1e-6, weight=None, bias=None):
+    """float64 layer_norm(x, [D], weight, bias, eps) * (1 + scale) + shift."""
+    D = x.shape[-1]
+    w = weight.double() if weight is not None else None
+    b = bias.double() if bias is not None else None
+    ln = F.layer_norm(x.double(), [D], w, b, eps)
+    return ln * (1 + scale.double()) + shift.double()
+
+
+def chunked_modulation(B, D, dtype, i=1):
+    """(scale, shift) as AdaLayerNormZero makes them: [B,1,D] views of a [B,6D] embedding."""
+    emb = randn(B, 6 * D, dtype=dtype, scale=0.5)
+    chunks = emb.chunk(6, dim=1)
+    scale, shift = chunks[i][:, None], chunks[i - 1][:, None]
+    assert scale.stride() == (6 * D, D, 1) or D == 1 or scale.stride()[0] == 6 * D
+    return scale, shift
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", DIMS)
+@pytest.mark.parametrize("B", [1, 7])
+def test_chunked_modulation_matches_float64_reference(dtype, D, B):
+    S = 5 if D >= 3072 else 33
+    x = randn(B, S, D, dtype=dtype, scale=2.0, offset=0.3)
+    scale, shift = chunked_modulation(B, D, dtype)
+    assert not scale.is_contiguous() or B == 1
+    out = fusegraph.ops.adaln(x, scale, shift)
+    assert out.shape == x.shape and out.dtype == dtype and out.is_contiguous()
+    assert_close_to_reference(out, reference64(x, scale, shift))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("form", ["per_token", "vector", "1_1_D", "B_1_D_contiguous"])
+def test_modulation_forms_match_float64_reference(dtype, form):
+    B, S, D = 3, 19, 131
+    x = randn(B, S, D, dtype=dtype)
+    shape = {"per_token": (B, S, D), "vector": (D,), "1_1_D": (1, 1, D), "B_1_D_contiguous": (B, 1, D)}[form]
+    scale, shift = randn(*shape, dtype=dtype, scale=0.5), randn(*shape, dtype=dtype)
+    assert_close_to_reference(fusegraph.ops.adaln(x, scale, shift, 1e-5), reference64(x, scale, shift, 1e-5))
+
+
+@pytest.mark.parametrize("x_dtype", DTYPES)
+@pytest.mark.parametrize("mod_dtype", DTYPES)
+@pytest.mark.parametrize("affine", [False, True])
+def test_mixed_dtypes_follow_eager_promotion(x_dtype, mod_dtype, affine):
+    B, S, D = 2, 9, 200
+    x = randn(B, S, D, dtype=x_dtype)
+    scale, shift = chunked_modulation(B, D, mod_dtype)
+    w = randn(D, dtype=torch.bfloat16, offset=1.0) if affine else None
+    b = randn(D, dtype=torch.float16) if affine else None
+    out = fusegraph.ops.adaln(x, scale, shift, weight=w, bias=b)
+    # eager dtype of the unfused expression (layer_norm's own output has x's dtype)
+    eager_dtype = torch.result_type(x, scale)
+    for t in (shift, w, b):
+        if t is not None:
+            eager_dtype = torch.promote_types(eager_dtype, t.dtype)
+    assert out.dtype == eager_dtype
+    assert_close_to_reference(out, reference64(x, scale, shift, weight=w, bias=b))
+
+
+def test_scale_and_shift_of_different_dtypes():
+    x = randn(2, 7, 64, dtype=torch.bfloat16)
+    scale = randn(2, 1, 64, dtype=torch.float16)
+    shift = randn(2, 1, 64)
+    out = fusegraph.ops.adaln(x, scale, shift)
+    assert out.dtype == torch.float32
+    assert_close_to_reference(out, reference64(x, scale, shift))
+
+
+@pytest.mark.parametrize("out_dtype", DTYPES)
+def test_out_dtype_overrides_promotion(out_dtype):
+    """Wan: (LayerNorm(x.float()) * (1 + scale) + shift).type_as(x), fp32 modulation, bf16 x."""
+    x = randn(2, 11, 96, dtype=torch.bfloat16)
+    scale, shift = randn(2, 11, 96, scale=0.3), randn(2, 11, 96)
+    out = fusegraph.ops.adaln(x, scale, shift, out_dtype=out_dtype)
+    assert out.dtype == out_dtype
+    assert_close_to_reference(out, reference64(x, scale, shift))
+
+
+def test_wan_expression_with_out_dtype():
+    D = 256
+    norm = torch.nn.LayerNorm(D, elementwise_affine=False, eps=1e-6)
+    x = randn(2, 40, D, dtype=torch.bfloat16)
+    scale, shift = chunked_modulation(2, D, torch.float32)
+    eager = (norm(x.float()) * (1 + scale) + shift).type_as(x)
+    out = fusegraph.ops.adaln(x, scale, shift, out_dtype=x.dtype)
+    assert out.dtype == eager.dtype
+    torch.testing.assert_close(out, eager)  # one float32 chain, one rounding: bf16 tolerance
+    assert (out == eager).float().mean() > 0.98
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_equals_diffusers_ada_layer_norm_zero(dtype):
+    """AdaLayerNormZero's norm(x) * (1 + scale_msa[:, None]) + shift_msa[:, None], from its own chunks."""
+    D = 192
+    m = AdaLayerNormZero(D).to(dtype)
+    x, temb = randn(3, 50, D, dtype=dtype), randn(3, D, dtype=dtype)
+    with torch.no_grad():
+        eager, *_ = m(x, emb=temb)
+        emb = m.linear(m.silu(temb))
+    shift_msa, scale_msa = emb.chunk(6, dim=1)[:2]
+    out = fusegraph.ops.adaln(x, scale_msa[:, None], shift_msa[:, None], m.norm.eps)
+    assert out.dtype == eager.dtype
+    ref64 = reference64(x, scale_msa[:, None], shift_msa[:, None], m.norm.eps)
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5)
+    else:
+        # eager rounds four times in half precision, we round once: never worse than eager.
+        assert (out.double() - ref64).abs().max() <= (eager.double() - ref64).abs().max()
+        torch.testing.assert_close(out, eager, rtol=2e-2, atol=2e-2)
+    assert_close_to_reference(out, ref64)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layer_norm_weight_and_bias(dtype):
+    D = 77
+    x = randn(4, 6, D, dtype=dtype)
+    scale, shift = chunked_modulation(4, D, dtype)
+    w, b = randn(D, dtype=dtype, offset=1.0), randn(D, dtype=dtype)
+    out = fusegraph.ops.adaln(x, scale, shift, 1e-5, weight=w, bias=b)
+    assert_close_to_reference(out, reference64(x, scale, shift, 1e-5, w, b))
+    only_w = fusegraph.ops.adaln(x, scale, shift, 1e-5, weight=w)
+    assert_close_to_reference(only_w, reference64(x, scale, shift, 1e-5, w))
+
+
+def test_large_mean_rows_keep_precision():
+    """Two-pass variance: a row with mean 1000 and std 1 normalises accurately in float32."""
+    x = randn(4, 8, 3072, offset=1000.0)
+    scale, shift = randn(4, 1, 3072, scale=0.1), randn(4, 1, 3072)
+    assert_close_to_reference(fusegraph.ops.adaln(x, scale, shift), reference64(x, scale, shift), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_non_contiguous_x_and_ranks(dtype):
+    D = 67
+    scale, shift = chunked_modulation(4, D, dtype)
+    cases = [
+        (strided_copy(randn(4, 6, D, dtype=dtype)), scale, shift),             # last dim strided
+        (randn(6, 4, D, dtype=dtype).transpose(0, 1), scale, shift),           # rows strided
+        (randn(4, 9, D + 20, dtype=dtype)[:, 1:8, 5:5 + D], scale, shift),     # sliced rows
+        (randn(5, D, dtype=dtype), scale[0, 0], shift[0]),                     # rank 2
+        (randn(4, 2, 3, D, dtype=dtype), scale[:, None], shift[:, None]),      # rank 4, [B,1,1,D]
+        (randn(4, 2, 3, D, dtype=dtype), randn(2, 1, D, dtype=dtype), randn(1, 3, D, dtype=dtype)),
+        (randn(3, 5, D, dtype=dtype), randn(3, 5, 2 * D, dtype=dtype)[..., ::2], randn(5, D, dtype=dtype)),
+    ]
+    for x, sc, sh in cases:
+        out = fusegraph.ops.adaln(x, sc, sh)
+        assert out.is_contiguous() and out.shape == x.shape
+        assert_close_to_reference(out, reference64(x, sc, sh))
+
+
+def test_empty():
+    for B, S, D in [(0, 4, 64), (2, 0, 64), (2, 3, 0)]:
+        x = torch.empty(B, S, D, dtype=torch.bfloat16)
+        out = fusegraph.ops.adaln(x, torch.empty(B, 1, D, dtype=torch.bfloat16), torch.empty(D, dtype=torch.bfloat16))
+        assert out.shape == x.shape and out.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bitwise_deterministic_across_runs_and_threads(dtype):
+    x = randn(7, 300, 3072 + 5, dtype=dtype)
+    scale, shift = chunked_modulation(7, 3072 + 5, dtype)
+    first = fusegraph.ops.adaln(x, scale, shift)
+    assert torch.equal(first, fusegraph.ops.adaln(x, scale, shift))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(first, fusegraph.ops.adaln(x, scale, shift))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_opcheck():
+    op = torch.ops.fusegraph.adaln.default
+    sc, sh = chunked_modulation(2, 40, torch.bfloat16)
+    cases = [
+        ((randn(2, 3, 40), randn(2, 1, 40), randn(40), 1e-6), {}),
+        ((randn(2, 3, 40, dtype=torch.bfloat16), sc, sh, 1e-5), {"weight": randn(40), "bias": randn(40)}),
+        ((strided_copy(randn(2, 3, 40, dtype=torch.float16)), randn(2, 3, 40), randn(2, 3, 40), 1e-6),
+         {"out_dtype": torch.float16}),
+    ]
+    for args, kwargs in cases:
+        torch.library.opcheck(op, args, kwargs)
+
+
+def test_traces_under_compile_fullgraph():
+    fn = torch.compile(lambda x, s, t: fusegraph.ops.adaln(x, s, t, out_dtype=torch.bfloat16) * 2, fullgraph=True,
+                       backend="aot_eager")
+    x = randn(2, 9, 48, dtype=torch.bfloat16)
+    s, t = chunked_modulation(2, 48, torch.float32)
+    out = fn(x, s, t)
+    assert out.dtype == torch.bfloat16
+    assert_close_to_reference(out, reference64(x, s, t) * 2)
+
+
+def _args(x=None, scale=None, shift=None, eps=1e-6, weight=None, bias=None, out_dtype=None):
+    x = randn(2, 3, 8) if x is None else x
+    scale = randn(2, 1, 8) if scale is None else scale
+    shift = randn(2, 1, 8) if shift is None else shift
+    return x, scale, shift, eps, weight, bias, out_dtype
+
+
+BAD_INPUTS = [
+    (lambda: _args(x=torch.ones(2, 3, 8, dtype=torch.int64)), RuntimeError, r"argument 'x' has dtype Long"),
+    (lambda: _args(scale=torch.ones(2, 1, 8, dtype=torch.int32)), RuntimeError, r"argument 'scale' has dtype Int"),
+    (lambda: _args(x=randn(8), scale=randn(8), shift=randn(8)), RuntimeError,
+     r"argument 'x' has shape \[8\] \(1 dims\); expected at least 2 dims"),
+    (lambda: _args(scale=randn(2, 1, 9)), RuntimeError,
+     r"argument 'scale' has shape \[2, 1, 9\]; expected its last dim to be 8"),
+    (lambda: _args(shift=randn(2, 1, 1)), RuntimeError,
+     r"argument 'shift' has shape \[2, 1, 1\]; expected its last dim to be 8"),
+    (lambda: _args(scale=randn(3, 1, 8)), RuntimeError,
+     r"argument 'scale' has shape \[3, 1, 8\], which does not broadcast to x's shape \[2, 3, 8\]"),
+    (lambda: _args(shift=randn(1, 2, 1, 8)), RuntimeError,
+     r"argument 'shift' has shape \[1, 2, 1, 8\], which does not broadcast to x's shape \[2, 3, 8\]"),
+    (lambda: _args(weight=randn(7)), RuntimeError, r"argument 'weight' has shape \[7\]; expected \[8\]"),
+    (lambda: _args(bias=randn(1, 8)), RuntimeError, r"argument 'bias' has shape \[1, 8\]; expected \[8\]"),
+    (lambda: _args(eps=-1.0), ValueError, r"argument 'eps' is -1(\.0)?; expected a finite number >= 0"),
+    (lambda: _args(out_dtype=torch.int32), ValueError, r"argument 'out_dtype' is Int"),
+    (lambda: _args(shift=torch.ones(2, 1, 8, device="meta")), RuntimeError,
+     r"argument 'shift' is on meta but 'x' is on cpu"),
+]
+
+
+@pytest.mark.parametrize("case", range(len(BAD_INPUTS)))
+def test_bad_input_raises_naming_the_argument(case):
+    make, exc, pattern = BAD_INPUTS[case]
+    x, scale, shift, eps, w, b, out_dtype = make()
+    with pytest.raises(exc, match=pattern):
+        fusegraph.ops.adaln(x, scale, shift, eps, weight=w, bias=b, out_dtype=out_dtype)
+
+
+@pytest.mark.parametrize("case", range(len(BAD_INPUTS)))
+def test_fake_kernel_raises_the_same(case):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    make, exc, pattern = BAD_INPUTS[case]
+    x, scale, shift, eps, w, b, out_dtype = make()
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        x, scale, shift, w, b = [mode.from_tensor(t) if t is not None else None for t in (x, scale, shift, w, b)]
+        with pytest.raises(exc, match=pattern):
+            torch.ops.fusegraph.adaln(x, scale, shift, eps, weight=w, bias=b, out_dtype=out_dtype)
+
+
+CAPABILITY_SCRIPT = textwrap.dedent(
+    """
+    import sys, torch, fusegraph
+    from tests.ops.test_adaln import chunked_modulation, reference64
+    from tests.helpers import assert_close_to_reference, randn
+    assert fusegraph._C.cpu_capability() == sys.argv[1], fusegraph._C.cpu_capability()
+    torch.manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for D in (1, 13, 3072 + 7):
+            x = randn(3, 4, D, dtype=dtype)
+            for mod_dtype in (dtype, torch.float32):
+                scale, shift = chunked_modulation(3, D, mod_dtype)
+                assert_close_to_reference(fusegraph.ops.adaln(x, scale, shift), reference64(x, scale, shift))
+    print("ok")
+    """
+)
+
+
+@pytest.mark.parametrize("capability", ["default", "avx2"])
+def test_kernels_under_each_cpu_capability(capability):
+    env = dict(os.environ, ATEN_CPU_CAPABILITY=capability)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run([sys.executable, "-c", CAPABILITY_SCRIPT, capability.upper()], env=env, cwd=root,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
