@@ -19,7 +19,8 @@ a norm over another dim do not fuse.
 
 A LayerNorm whose output feeds two modulations (SD35AdaLayerNormZeroX's ``norm_hidden_states`` → msa and
 msa2) is fused as two ``adaln`` calls: the pattern matcher refuses a match whose inner nodes have users
-outside it, so ``register`` adds a pre-step that gives each modulation its own copy of the shared norm.
+outside it, so ``register`` adds a pre-step (:func:`unshare_norms`) that gives each modulation its own copy
+of the shared norm, after the casts CSE merged are split again (``_prepare.split_shared_casts``).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch._inductor.pattern_matcher import Match, PatternMatcherPass, register_replacement
 
+from ._prepare import prepare_before, split_shared_casts
 from ._trace import fwd_functional
 
 _EPS_MAGIC = 0.07314279675483704  # exactly representable in fp32; every literal equal to it becomes eps
@@ -211,22 +213,10 @@ def unshare_norms(graph: torch.fx.Graph) -> int:
 # ---- registration ------------------------------------------------------------------------------------
 
 
-def _run_unshare_first(pm: PatternMatcherPass) -> None:
-    """Makes ``pm.apply(graph)`` run :func:`unshare_norms` first (the family interface is ``register(pm,
-    opts)``; this keeps the pre-step inside the family and out of the replacement count)."""
-    apply = pm.apply
-
-    def apply_with_unshare(graph):
-        unshare_norms(graph.graph if isinstance(graph, torch.fx.GraphModule) else graph)
-        return apply(graph)
-
-    pm.apply = apply_with_unshare
-
-
 def register(pm: PatternMatcherPass, opts) -> None:
     """Registers the AdaLN source forms, per dtype combination, into ``pm``."""
     del opts  # the pass manager decides whether this family runs
-    _run_unshare_first(pm)
+    prepare_before(pm, unshare_norms, split_shared_casts)
     reg = functools.partial(
         register_replacement,
         trace_fn=fwd_functional,

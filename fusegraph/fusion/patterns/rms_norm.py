@@ -20,6 +20,7 @@ import functools
 import torch
 from torch._inductor.pattern_matcher import Match, PatternMatcherPass, register_replacement
 
+from ._prepare import prepare_before, split_shared_casts
 from ._trace import fwd_functional
 
 # A value no real graph holds, exactly representable in fp32 (torch.rms_norm rounds eps to fp32): every
@@ -128,6 +129,7 @@ def _examples(x_dtype, w_dtype, n_tensors):
 def register(pm: PatternMatcherPass, opts) -> None:
     """Registers every RMSNorm source form, per dtype combination, into ``pm``."""
     del opts  # the pass manager decides whether this family runs; nothing here depends on its options
+    prepare_before(pm, split_shared_casts)  # casts merged by freezing's CSE would block matches
     reg = functools.partial(
         register_replacement,
         trace_fn=fwd_functional,
@@ -150,3 +152,8 @@ def register(pm: PatternMatcherPass, opts) -> None:
             # the casts in the traced graph differ per combination, identical patterns are skipped
             for w_dtype in _DTYPES if n > 1 else (x_dtype,):
                 reg(search, replace, _examples(x_dtype, w_dtype, n) + [_EPS_MAGIC])
+                if search in (_torch_weight, _torch_plain):
+                    # torch.rms_norm of a non-contiguous x (a transposed [B, H, S, D] view) ends in a clone
+                    args = _examples(x_dtype, w_dtype, n)
+                    args[0] = torch.empty(2, 5, 3, 16, dtype=x_dtype).transpose(1, 2)
+                    reg(search, replace, args + [_EPS_MAGIC])

@@ -27,6 +27,7 @@ import functools
 import torch
 from torch._inductor.pattern_matcher import Match, PatternMatcherPass, register_replacement
 
+from ._prepare import prepare_before, split_shared_casts
 from ._trace import fwd_functional
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -95,11 +96,11 @@ def _supported(match: Match) -> bool:
         cos, sin = _val(match, "freqs_cos"), _val(match, "freqs_sin")
     if not all(isinstance(t, torch.Tensor) for t in (x, cos, sin)):
         return False
-    if x.dtype not in _DTYPES or x.dim() < 2 or x.shape[-1] % 2:
+    if x.dtype not in _DTYPES or x.dim() != 4 or x.shape[-1] % 2:  # the op takes [B, S, H, D] / [B, H, S, D]
         return False
     if cos.shape != sin.shape or cos.dtype != sin.dtype or cos.dtype not in (torch.float32, x.dtype):
         return False
-    if cos.device != x.device or sin.device != x.device or cos.dim() > x.dim():
+    if cos.device != x.device or sin.device != x.device or not 1 <= cos.dim() <= x.dim():
         return False
     try:
         return tuple(torch.broadcast_shapes(x.shape, cos.shape)) == tuple(x.shape)
@@ -113,6 +114,7 @@ def _supported(match: Match) -> bool:
 def register(pm: PatternMatcherPass, opts) -> None:
     """Registers the RoPE source forms, per x dtype (cos/sin fp32 or x's dtype), into ``pm``."""
     del opts  # the pass manager decides whether this family runs
+    prepare_before(pm, split_shared_casts)  # casts merged by freezing's CSE would block matches
     reg = functools.partial(
         register_replacement, trace_fn=fwd_functional, pass_dicts=pm, extra_check=_supported, skip_duplicates=True
     )

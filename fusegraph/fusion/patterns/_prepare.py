@@ -1,0 +1,112 @@
+"""Graph preparation shared by the rms_norm / rope / adaln families: undo sharing that blocks a match.
+
+Inductor's pattern matcher refuses a match whose inner nodes have users outside it. Two kinds of sharing
+make real models miss fusions:
+
+* **CSE of upcasts.** Inductor's freezing (the default inductor=True route) runs common-subexpression
+  elimination before the fusion pass, so Wan's ``norm1(h.float())`` and its residual ``h.float() + ...`` share
+  one ``convert_element_type``. :func:`split_shared_casts` gives each consumer group of an fp16/bf16 -> fp32
+  cast its own copy again (the
+  two inputs of one norm — ``var_mean``/``sub`` of a LayerNorm, ``pow``/``mul`` of an RMSNorm — stay one group).
+  Casts are pure and cheap; Inductor re-merges whatever ends up unfused.
+* **One norm, two modulations** (SD35AdaLayerNormZeroX): handled in ``adaln.unshare_norms``.
+
+And one rewrite that makes the graph look as traced again: Inductor's freezing turns every ``view`` into
+``reshape`` (``view_to_reshape``) before the fusion pass, while the patterns are traced with ``view``.
+:func:`reshapes_to_views` turns a ``reshape`` of a contiguous tensor (where it is exactly a view) back.
+
+``prepare_before(pm, *steps)`` makes ``pm.apply(graph)`` run the steps first: the family interface is
+``register(pm, opts)``, and this keeps the preparation out of the replacement counts.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+
+_aten = torch.ops.aten
+_CONVERT = torch.ops.prims.convert_element_type.default
+
+
+def _is(node, target) -> bool:
+    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target == target
+
+
+def _group_key(cast: torch.fx.Node, user: torch.fx.Node):
+    """Users of ``cast`` that belong to one norm share a key (the norm's first node); others are their own."""
+    if _is(user, _aten.sub.Tensor) and user.args[0] is cast:  # LayerNorm: x - mean, mean from var_mean(x)
+        mean = user.args[1]
+        if _is(mean, operator.getitem) and _is(mean.args[0], _aten.var_mean.correction):
+            if mean.args[0].args[0] is cast:
+                return mean.args[0]
+    if _is(user, _aten.mul.Tensor) and user.args[0] is cast:  # RMSNorm: x * rsqrt(mean(pow(x)) + eps)
+        node = user.args[1]
+        for target in (_aten.rsqrt.default, None, _aten.mean.dim, _aten.pow.Tensor_Scalar):
+            if not isinstance(node, torch.fx.Node) or (target is not None and node.target != target):
+                return user
+            if target is _aten.pow.Tensor_Scalar:
+                return node if node.args[0] is cast else user
+            node = node.args[0]
+    return user
+
+
+def _is_upcast(cast: torch.fx.Node) -> bool:
+    """fp16/bf16 -> fp32: the ``x.float()`` a pattern starts from. Downcasts end patterns (a norm's output
+    cast); splitting one would give the norm's last op two users and block that norm's match."""
+    src = cast.args[0]
+    val = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
+    return (isinstance(val, torch.Tensor) and val.dtype in (torch.bfloat16, torch.float16)
+            and cast.args[1] == torch.float32)
+
+
+def split_shared_casts(graph: torch.fx.Graph) -> int:
+    """Gives every consumer group of a multi-user ``convert_element_type`` its own copy of the cast.
+    Returns the number of copies made. The graph's outputs and every value are unchanged."""
+    copies = 0
+    for node in list(graph.nodes):
+        if not _is(node, _CONVERT) or len(node.users) < 2 or not _is_upcast(node):
+            continue
+        groups: dict = {}
+        for user in node.users:
+            if user.op != "call_function":
+                groups.setdefault(("keep",), []).append(user)
+                continue
+            groups.setdefault(_group_key(node, user), []).append(user)
+        if len(groups) < 2:
+            continue
+        for users in list(groups.values())[1:]:  # the first group keeps the original
+            with graph.inserting_after(node):
+                copy = graph.node_copy(node)
+            for user in users:
+                user.replace_input_with(node, copy)
+            copies += 1
+    return copies
+
+
+def reshapes_to_views(graph: torch.fx.Graph) -> int:
+    """``aten.reshape`` of a contiguous input -> ``aten.view`` (identical there). Returns how many."""
+    changed = 0
+    for node in graph.nodes:
+        if not _is(node, _aten.reshape.default):
+            continue
+        src = node.args[0]
+        val = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
+        if isinstance(val, torch.Tensor) and val.is_contiguous():
+            node.target = _aten.view.default
+            changed += 1
+    return changed
+
+
+def prepare_before(pm, *steps) -> None:
+    """Makes ``pm.apply(graph)`` run :func:`reshapes_to_views` and then ``steps`` (each ``step(fx.Graph)``)
+    first."""
+    steps = (reshapes_to_views, *steps)
+    apply = pm.apply
+
+    def apply_prepared(graph):
+        g = graph.graph if isinstance(graph, torch.fx.GraphModule) else graph
+        for step in steps:
+            step(g)
+        return apply(graph)
+
+    pm.apply = apply_prepared
