@@ -10,13 +10,6 @@ make real models miss fusions:
   two inputs of one norm — ``var_mean``/``sub`` of a LayerNorm, ``pow``/``mul`` of an RMSNorm — stay one group).
   Casts are pure and cheap; Inductor re-merges whatever ends up unfused.
 * **One norm, two modulations** (SD35AdaLayerNormZeroX): handled in ``adaln.unshare_norms``.
-
-And one rewrite that makes the graph look as traced again: Inductor's freezing turns every ``view`` into
-``reshape`` (``view_to_reshape``) before the fusion pass, while the patterns are traced with ``view``.
-:func:`reshapes_to_views` turns a ``reshape`` of a contiguous tensor (where it is exactly a view) back.
-
-``prepare_before(pm, *steps)`` makes ``pm.apply(graph)`` run the steps first: the family interface is
-``register(pm, opts)``, and this keeps the preparation out of the replacement counts.
 """
 from __future__ import annotations
 
@@ -83,24 +76,8 @@ def split_shared_casts(graph: torch.fx.Graph) -> int:
     return copies
 
 
-def reshapes_to_views(graph: torch.fx.Graph) -> int:
-    """``aten.reshape`` of a contiguous input -> ``aten.view`` (identical there). Returns how many."""
-    changed = 0
-    for node in graph.nodes:
-        if not _is(node, _aten.reshape.default):
-            continue
-        src = node.args[0]
-        val = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
-        if isinstance(val, torch.Tensor) and val.is_contiguous():
-            node.target = _aten.view.default
-            changed += 1
-    return changed
-
-
 def prepare_before(pm, *steps) -> None:
-    """Makes ``pm.apply(graph)`` run :func:`reshapes_to_views` and then ``steps`` (each ``step(fx.Graph)``)
-    first."""
-    steps = (reshapes_to_views, *steps)
+    """Makes ``pm.apply(graph)`` run ``steps`` (each ``step(fx.Graph)``) first."""
     apply = pm.apply
 
     def apply_prepared(graph):

@@ -23,12 +23,13 @@ do not fuse.
 from __future__ import annotations
 
 import functools
+import operator
 
 import torch
 from torch._inductor.pattern_matcher import Match, PatternMatcherPass, register_replacement
 
 from ._prepare import prepare_before, split_shared_casts
-from ._trace import fwd_functional
+from ._trace import fwd_functional, fwd_functional_reshape
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -108,20 +109,74 @@ def _supported(match: Match) -> bool:
         return False
 
 
+# ---- shared inputs ------------------------------------------------------------------------------------
+
+_aten = torch.ops.aten
+
+
+def _is(node, target) -> bool:
+    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target == target
+
+
+def _only_user(node, target):
+    users = list(node.users)
+    return users[0] if len(users) == 1 and _is(users[0], target) else None
+
+
+def _wan_group(node: torch.fx.Node, user: torch.fx.Node):
+    """Which Wan RoPE instance ``user`` (a user of a shared ``freqs[..., k::2]`` slice or ``empty``) is in."""
+    if _is(node, _aten.empty.memory_format):
+        if _is(user, _aten.slice_scatter.default):
+            return user
+        copy = _only_user(user, _aten.copy.default) if _is(user, _aten.slice.Tensor) else None
+        scatter = _only_user(copy, _aten.slice_scatter.default) if copy is not None else None
+        return scatter if scatter is not None and scatter.args[0] is node else user
+    if _is(user, _aten.mul.Tensor):  # x1 * cos: x1 = unbind(x)[0]; the instance is its unbind
+        other = user.args[0] if user.args[1] is node else user.args[1]
+        if isinstance(other, torch.fx.Node) and other.target is operator.getitem and _is(other.args[0], _aten.unbind.int):
+            return other.args[0]
+    return user
+
+
+def split_shared_rope_inputs(graph: torch.fx.Graph) -> int:
+    """Freezing's CSE makes q's and k's Wan RoPE share ``freqs_cos[..., 0::2]``, ``freqs_sin[..., 1::2]``
+    and even the ``empty_like`` buffer, which blocks both matches: each RoPE gets its own copy again (views
+    and an allocation: free). Returns the number of copies made."""
+    copies = 0
+    for node in list(graph.nodes):
+        strided_slice = _is(node, _aten.slice.Tensor) and len(node.args) == 5 and node.args[4] == 2
+        if not (strided_slice or _is(node, _aten.empty.memory_format)) or len(node.users) < 2:
+            continue
+        groups: dict = {}
+        for user in node.users:
+            groups.setdefault(_wan_group(node, user), []).append(user)
+        for users in list(groups.values())[1:]:
+            with graph.inserting_after(node):
+                copy = graph.node_copy(node)
+            for user in users:
+                user.replace_input_with(node, copy)
+            copies += 1
+    return copies
+
+
 # ---- registration ------------------------------------------------------------------------------------
 
 
 def register(pm: PatternMatcherPass, opts) -> None:
     """Registers the RoPE source forms, per x dtype (cos/sin fp32 or x's dtype), into ``pm``."""
     del opts  # the pass manager decides whether this family runs
-    prepare_before(pm, split_shared_casts)  # casts merged by freezing's CSE would block matches
-    reg = functools.partial(
-        register_replacement, trace_fn=fwd_functional, pass_dicts=pm, extra_check=_supported, skip_duplicates=True
-    )
-    for x_dtype in _DTYPES:
-        for c_dtype in dict.fromkeys((torch.float32, x_dtype)):
-            x = torch.empty(2, 5, 3, 16, dtype=x_dtype)  # [B, S, H, D]
-            cs = [torch.empty(1, 5, 1, 16, dtype=c_dtype) for _ in range(2)]
-            reg(_wan, _fused_wan, [x, *cs])
-            reg(_diffusers_interleaved, _fused_interleaved, [x, *cs])
-            reg(_diffusers_half, _fused_half, [x, *cs])
+    # casts, table slices and buffers merged by freezing's CSE would block matches
+    prepare_before(pm, split_shared_casts, split_shared_rope_inputs)
+    # Traced as aot_autograd leaves the graph (views), and with views as reshapes: Inductor's freezing rewrites
+    # every view so before its post-grad passes (where the fusion runs on the inductor=True route).
+    for trace_fn in (fwd_functional, fwd_functional_reshape):
+        reg = functools.partial(
+            register_replacement, trace_fn=trace_fn, pass_dicts=pm, extra_check=_supported, skip_duplicates=True
+        )
+        for x_dtype in _DTYPES:
+            for c_dtype in dict.fromkeys((torch.float32, x_dtype)):
+                x = torch.empty(2, 5, 3, 16, dtype=x_dtype)  # [B, S, H, D]
+                cs = [torch.empty(1, 5, 1, 16, dtype=c_dtype) for _ in range(2)]
+                reg(_wan, _fused_wan, [x, *cs])
+                reg(_diffusers_interleaved, _fused_interleaved, [x, *cs])
+                reg(_diffusers_half, _fused_half, [x, *cs])
