@@ -22,11 +22,12 @@ def compile_and_run(fn, *inputs, **cfg):
     return b, out, ref
 
 
-def check_numerics(fn, inputs, out, eager, product_scale):
-    """``out`` vs float64 at default tolerances; vs eager within eager's own rounding of the product."""
-    ref64 = fn(*[t.double() if isinstance(t, torch.Tensor) else t for t in inputs])
+def check_numerics(fn, inputs, out, eager, product_scale, ref=None):
+    """``out`` vs float64 at default tolerances; vs eager within eager's own rounding of the product.
+    ``ref``: the float64 reference rounded where the fused graph rounds (default: ``fn`` in float64)."""
+    ref = ref or (lambda *a: fn(*[t.double() if isinstance(t, torch.Tensor) else t for t in a]))
     assert out.dtype == eager.dtype and out.shape == eager.shape
-    torch.testing.assert_close(out, ref64.to(out.dtype))
+    torch.testing.assert_close(out, ref(*inputs).to(out.dtype))
     if out.dtype != torch.float32:
         ulp = 2.0 ** -8 if out.dtype == torch.bfloat16 else 2.0 ** -11
         torch.testing.assert_close(out, eager, rtol=1.6e-2, atol=2 * ulp * product_scale)
@@ -76,7 +77,12 @@ def test_two_gated_residuals_fuse(dtype):
     b, out, eager = compile_and_run(gated_residual_pair, *inputs, inductor=False)
     assert b.stats.patterns["mul_add"] == 2 and b.last_graph_ops[MUL_ADD] == 2
     assert_mul_add_chain_gone(b)
-    check_numerics(gated_residual_pair, inputs, out, eager, product_scale=2.0)
+    def ref(hidden, emb, attn_out, ff_out):  # each fused op rounds its result to the model dtype
+        _, g1, _, g2 = emb.double().chunk(4, dim=1)
+        h1 = (hidden.double() + g1.unsqueeze(1) * attn_out.double()).to(dtype)
+        return h1.double() + g2.unsqueeze(1) * ff_out.double()
+
+    check_numerics(gated_residual_pair, inputs, out, eager, product_scale=2.0, ref=ref)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -160,12 +166,18 @@ def _abc():
     return torch.randn(2, 6, 16), torch.randn(2, 1, 16), torch.randn(2, 6, 16)
 
 
+def _product_reused(a, b, c):
+    p = a * b
+    return p + c, p  # the product is needed on its own
+
+
 @pytest.mark.parametrize("fn", [
-    lambda a, b, c: torch.add(c, a * b, alpha=2),  # alpha changes the math
+    lambda a, b, c: torch.add(c, a * b, alpha=2.5),  # stays add(c, p, alpha=2.5) in aten: not c + p
+    lambda a, b, c: torch.add(a * b, c, alpha=-1.0),
     lambda a, b, c: c - a * b,  # subtraction
-    lambda a, b, c: (a * b + c, a * b),  # the product is needed on its own
+    _product_reused,
     lambda a, b, c: (c + a / b),  # division
-], ids=["alpha", "sub", "product_reused", "div"])
+], ids=["alpha", "alpha_on_c", "sub", "product_reused", "div"])
 def test_lookalikes_stay(fn):
     inputs = _abc()
     b, out, eager = compile_and_run(fn, *inputs, inductor=False)
