@@ -14,6 +14,7 @@ once and counted in ``stats.fallbacks``.
 """
 from __future__ import annotations
 
+import collections
 import copy
 import functools
 import hashlib
@@ -49,8 +50,10 @@ def _log_once(reason: str) -> None:
 
 def _graph_runtime():
     """The graph runtime module, or (None, why) when it cannot be used here."""
+    import importlib
+
     try:
-        from . import graph as runtime  # noqa: F401
+        runtime = importlib.import_module(f"{__package__}.graph")
     except ImportError as e:
         return None, f"graph runtime not available ({e})"
     if not hasattr(runtime, "GraphRunner"):
@@ -146,6 +149,14 @@ class _CompileJob:
         else:
             for k, v in counts.items():
                 self.counts[k] += v
+        self.record_ops(graph_or_gm)
+
+    def record_ops(self, graph_or_gm) -> None:
+        """What the backend hands on: op name -> count in the final graph (``Backend.last_graph_ops``)."""
+        graph = graph_or_gm.graph if isinstance(graph_or_gm, torch.fx.GraphModule) else graph_or_gm
+        self.backend.last_graph_ops = collections.Counter(
+            str(n.target) if n.op == "call_function" else n.op for n in graph.nodes
+            if n.op in ("call_function", "get_attr", "placeholder"))
 
     def note_fallback(self, reason: str) -> None:
         self.fallbacks.append(reason)
@@ -175,6 +186,9 @@ class Backend:
         self._log_dir = passes.prepare_log_dir(self.config.graph_log_url)
         self._ids = itertools.count()
         self.last_route: Optional[str] = None
+        # The last compiled graph as handed on (after fusion; freezing too on the aten route): op name -> count.
+        # Op names are str(target), e.g. "fusegraph.gelu_tanh.default", "aten.tanh.default"; plus "get_attr".
+        self.last_graph_ops: collections.Counter = collections.Counter()
 
     # route selection (SPEC §1.2)
     def select_route(self, example_inputs) -> tuple[str, Optional[str]]:
@@ -201,10 +215,17 @@ class Backend:
         self.last_route = route
         job.fusing = route != "graph_only"
         captured_before, seconds_before = self.stats.graphs_captured, self.stats.capture_seconds
+        keep = None
+        if route == "default" and self.config.enable_freezing and not torch.is_grad_enabled():
+            gm, keep = _parameters_to_attributes(gm, example_inputs)
+            if keep is not None:
+                example_inputs = [example_inputs[i] for i in keep]
         if route == "default" and self.config.inductor:
             compiled = self._compile_inductor(gm, example_inputs, job)
         else:
             compiled = self._compile_aten(gm, example_inputs, job, route)
+        if keep is not None:
+            compiled = _pass_kept_args(compiled, keep)
         seconds = time.perf_counter() - t0
         with self.stats._lock:
             self.stats.graphs_compiled += 1
@@ -249,20 +270,28 @@ class Backend:
         def inference(aot_gm, aot_inputs):
             if fuse:
                 job.fuse(aot_gm)
-            fn, inputs = aot_gm, list(aot_inputs)
-            runner = None
-            if self.config.enable_freezing and not torch.is_grad_enabled() and route == "default":
-                fn, keep = self._freeze(gm, aot_gm, aot_inputs)
-                if keep is not None:
-                    return _drop_frozen_args(fn, keep)
+            else:
+                job.record_ops(aot_gm)
             if route != "default":
-                runner = self._capture(fn, inputs)
-                return runner
-            return make_boxed_func(fn.forward)
+                return self._capture(aot_gm, list(aot_inputs))
+            if self.config.enable_freezing and not torch.is_grad_enabled():
+                frozen, keep = self._freeze(gm, aot_gm, aot_inputs)
+                if keep is not None:
+                    job.record_ops(frozen)
+                    return _drop_frozen_args(frozen, keep)
+            return make_boxed_func(aot_gm.forward)
 
         backend = aot_autograd(fw_compiler=plain, inference_compiler=inference,
                                decompositions=select_decomp_table())
-        return backend(gm, example_inputs)
+        # A tracing context, as compile_fx sets up: aot_autograd records the parameters in it, freezing reads them.
+        from torch._guards import TracingContext, detect_fake_mode, tracing
+
+        context = TracingContext.try_get()
+        if context is None:
+            fake_mode = detect_fake_mode(example_inputs) or torch._subclasses.FakeTensorMode(allow_non_fake_inputs=True)
+            context = TracingContext(fake_mode)
+        with tracing(context):
+            return backend(gm, example_inputs)
 
     def _freeze(self, dynamo_gm, aot_gm, aot_inputs):
         """Parameters folded into constants (torch._inductor.freezing.freeze); (gm, kept arg indices)."""
@@ -278,8 +307,7 @@ class Backend:
     def _capture(self, fn, example_inputs):
         """Hands a graph to the graph runtime (GraphRunner); the one place the routes meet it."""
         runtime, _ = _graph_runtime()
-        runner = runtime.GraphRunner(fn, config=self.config, stats=self.stats)
-        return runner
+        return runtime.GraphRunner(fn, config=self.config, stats=self.stats)
 
     def _summary(self, job, captured: int, capture_seconds: float) -> str:
         """The SPEC §1.3 line; '?' for a count Inductor served from its cache before fusegraph saw the graph."""
@@ -335,6 +363,64 @@ def _load_counts(key: str) -> Optional[dict]:
             return {k: int(v) for k, v in json.load(f).items()}
     except (OSError, ValueError):
         return None
+
+
+def _parameters_to_attributes(gm: torch.fx.GraphModule, example_inputs):
+    """Freezing, step one. Dynamo hands parameters over as graph inputs unless torch._inductor.config.freezing was
+    set globally when it traced; this makes the inputs that are nn.Parameters attributes of a copy of the graph
+    module (the layout Inductor's freezing expects), so freezing follows this Backend's own config.
+    Returns (new module, indices of the inputs that stay inputs), or (gm, None) when there is nothing to freeze."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(example_inputs):
+        return gm, None
+    params = {}
+    for i, node in enumerate(placeholders):
+        grapharg = node.meta.get("grapharg")
+        try:
+            real = grapharg.example if grapharg is not None else None
+        except Exception:  # an expired weak reference: leave the input alone
+            real = None
+        if isinstance(real, torch.nn.Parameter):
+            params[i] = (real, grapharg.source)
+    if not params:
+        return gm, None
+    graph = torch.fx.Graph()
+    out = graph.graph_copy(gm.graph, val_map := {})
+    graph.output(out)
+    for old_node, new_node in val_map.items():  # Dynamo's per-node annotations aot_autograd reads
+        if hasattr(old_node, "_dynamo_source"):
+            new_node._dynamo_source = old_node._dynamo_source
+    new = torch.fx.GraphModule(gm, graph)
+    new.meta = dict(getattr(gm, "meta", {}))
+    name_to_source = dict(getattr(gm, "_param_name_to_source", None) or {})
+    keep = []
+    for i, node in enumerate(placeholders):
+        if i not in params:
+            keep.append(i)
+            continue
+        real, source = params[i]
+        name = f"_fusegraph_frozen_param_{i}"
+        setattr(new, name, real)
+        name_to_source[name] = source  # aot_autograd maps module attributes to their sources
+        copy_node = val_map[node]
+        with graph.inserting_before(copy_node):
+            attr = graph.get_attr(name)
+        attr.meta.update(copy_node.meta)
+        attr.meta.pop("grapharg", None)
+        copy_node.replace_all_uses_with(attr)
+        graph.erase_node(copy_node)
+    new._param_name_to_source = name_to_source
+    new.recompile()
+    return new, keep
+
+
+def _pass_kept_args(compiled, keep):
+    """Callers still pass every original input; the frozen graph takes only those that stayed inputs."""
+
+    def run(*args):
+        return compiled(*[args[i] for i in keep])
+
+    return run
 
 
 def _drop_frozen_args(gm, keep):

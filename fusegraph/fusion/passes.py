@@ -72,8 +72,26 @@ def pattern_pass(family: str, opts) -> PatternMatcherPass:
             with torch._guards.tracing(None), unset_fake_temporarily(), FakeTensorMode():
                 module.register(pm, copy.deepcopy(opts))
             counters["inductor"] = saved
+            _guard_entries(pm)
             _passes[key] = pm
     return pm
+
+
+def _has_no_scaled_add(match) -> bool:
+    """Inductor's matcher compares a node's positional arguments but not extra keyword arguments, so
+    ``add(c, p, alpha=2.5)`` would match a pattern traced from ``c + p``; such a match is refused."""
+    for node in match.nodes:
+        if node.op == "call_function" and node.kwargs.get("alpha", 1) != 1:
+            return False
+    return True
+
+
+def _guard_entries(pm: PatternMatcherPass) -> None:
+    """Adds the framework's own checks to every pattern a family registered."""
+    for entries in pm.patterns.values():
+        for entry in entries:
+            check = entry.extra_check
+            entry.extra_check = (lambda m, check=check: _has_no_scaled_add(m) and check(m))
 
 
 # ---------------------------------------------------------------------------------------------------------
