@@ -107,7 +107,7 @@ at::Tensor adaln_cpu(const at::Tensor& x_in, const at::Tensor& scale_in, const a
                        out_dtype,
                        out.numel() / D,
                        D,
-                       static_cast<float>(eps),
+                       eps,
                        &layout};
   adaln_stub.get("adaln")(args);
   return out;

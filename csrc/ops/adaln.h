@@ -4,6 +4,9 @@
 
 #include <optional>
 
+#include "ops/cpu/dispatch.h"
+#include "ops/norm_rows.h"
+
 namespace fusegraph {
 
 // Validates every argument and returns the output dtype (out_dtype, or else the dtype eager PyTorch
@@ -12,13 +15,7 @@ at::ScalarType check_adaln_args(const at::Tensor& x, const at::Tensor& scale, co
                                 const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
                                 std::optional<at::ScalarType> out_dtype);
 
-}  // namespace fusegraph
-
 // ---- CPU kernel interface (csrc/ops/cpu/adaln_kernel.cpp) ----
-#include "ops/cpu/dispatch.h"
-#include "ops/norm_rows.h"
-
-namespace fusegraph {
 
 // One call modulates `rows` rows of D elements. x/scale/shift rows start at the layout's offsets
 // (tensors 0, 1, 2; last dim contiguous; scale/shift share mod_dtype, which is x_dtype or float32);
@@ -35,7 +32,7 @@ struct AdalnKernelArgs {
   at::ScalarType out_dtype;
   int64_t rows;
   int64_t D;
-  float eps;
+  double eps;               // as given; var + eps and the square root are taken in double
   const RowLayout* layout;  // three tensors: x, scale, shift
 };
 using adaln_fn = void (*)(const AdalnKernelArgs& args);

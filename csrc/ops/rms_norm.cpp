@@ -84,7 +84,7 @@ at::Tensor rms_norm_cpu(const at::Tensor& x_in, const std::optional<at::Tensor>&
                          round_dtype,
                          out.numel() / D,
                          D,
-                         static_cast<float>(eps),
+                         eps,
                          &layout};
   rms_norm_stub.get("rms_norm")(args);
   return out;

@@ -6,6 +6,9 @@
 
 #include <optional>
 
+#include "ops/cpu/dispatch.h"
+#include "ops/norm_rows.h"
+
 namespace fusegraph {
 
 enum class RmsNormStyle { Torch, Diffusers };
@@ -18,18 +21,12 @@ RmsNormStyle parse_rms_norm_style(c10::string_view style);
 at::ScalarType check_rms_norm_args(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
                                    const std::optional<at::Tensor>& bias, RmsNormStyle style);
 
-}  // namespace fusegraph
-
 // ---- CPU kernel interface (csrc/ops/cpu/rms_norm_kernel.cpp) ----
-#include "ops/cpu/dispatch.h"
-#include "ops/norm_rows.h"
 
-namespace fusegraph {
-
-// One call normalises `rows` rows of D elements. x rows start at layout offsets (last dim contiguous);
-// out is contiguous [rows, D]. weight/bias are float32 [D] or null. round_dtype: Undefined, or the
-// dtype (bf16/fp16) the normalised value is rounded to before the weight multiply and the product
-// before the bias add (diffusers style with a half-precision weight).
+// One call normalises `rows` rows of D elements. x rows start at the layout's offsets (last dim
+// contiguous); out is contiguous [rows, D]. weight/bias are float32 [D] or null. round_dtype:
+// Undefined, or the dtype (bf16/fp16) the normalised value is rounded to before the weight multiply
+// and the product before the bias add (diffusers style with a half-precision weight).
 struct RmsNormKernelArgs {
   const void* x;
   void* out;
@@ -40,7 +37,7 @@ struct RmsNormKernelArgs {
   at::ScalarType round_dtype;
   int64_t rows;
   int64_t D;
-  float eps;
+  double eps;               // as given; added to the float32 mean in float32, as eager does
   const RowLayout* layout;  // one tensor: x
 };
 using rms_norm_fn = void (*)(const RmsNormKernelArgs& args);

@@ -1,8 +1,3 @@
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -141,10 +136,10 @@ def test_layer_norm_weight_and_bias(dtype):
 
 
 def test_large_mean_rows_keep_precision():
-    """Two-pass variance: a row with mean 1000 and std 1 normalises accurately in float32."""
+    """Corrected two-pass variance: rows with mean 1000 and std 1 normalise to float32 accuracy."""
     x = randn(4, 8, 3072, offset=1000.0)
     scale, shift = randn(4, 1, 3072, scale=0.1), randn(4, 1, 3072)
-    assert_close_to_reference(fusegraph.ops.adaln(x, scale, shift), reference64(x, scale, shift), rtol=1e-4, atol=1e-4)
+    assert_close_to_reference(fusegraph.ops.adaln(x, scale, shift), reference64(x, scale, shift))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -218,8 +213,8 @@ def _args(x=None, scale=None, shift=None, eps=1e-6, weight=None, bias=None, out_
 
 
 BAD_INPUTS = [
-    (lambda: _args(x=torch.ones(2, 3, 8, dtype=torch.int64)), RuntimeError, r"argument 'x' has dtype Long"),
-    (lambda: _args(scale=torch.ones(2, 1, 8, dtype=torch.int32)), RuntimeError, r"argument 'scale' has dtype Int"),
+    (lambda: _args(x=torch.ones(2, 3, 8, dtype=torch.int64)), RuntimeError, r"argument 'x' has dtype (Long|torch.int64)"),
+    (lambda: _args(scale=torch.ones(2, 1, 8, dtype=torch.int32)), RuntimeError, r"argument 'scale' has dtype (Int|torch.int32)"),
     (lambda: _args(x=randn(8), scale=randn(8), shift=randn(8)), RuntimeError,
      r"argument 'x' has shape \[8\] \(1 dims\); expected at least 2 dims"),
     (lambda: _args(scale=randn(2, 1, 9)), RuntimeError,
@@ -233,7 +228,7 @@ BAD_INPUTS = [
     (lambda: _args(weight=randn(7)), RuntimeError, r"argument 'weight' has shape \[7\]; expected \[8\]"),
     (lambda: _args(bias=randn(1, 8)), RuntimeError, r"argument 'bias' has shape \[1, 8\]; expected \[8\]"),
     (lambda: _args(eps=-1.0), ValueError, r"argument 'eps' is -1(\.0)?; expected a finite number >= 0"),
-    (lambda: _args(out_dtype=torch.int32), ValueError, r"argument 'out_dtype' is Int"),
+    (lambda: _args(out_dtype=torch.int32), ValueError, r"argument 'out_dtype' is (Int|torch.int32)"),
     (lambda: _args(shift=torch.ones(2, 1, 8, device="meta")), RuntimeError,
      r"argument 'shift' is on meta but 'x' is on cpu"),
 ]
@@ -257,30 +252,3 @@ def test_fake_kernel_raises_the_same(case):
         x, scale, shift, w, b = [mode.from_tensor(t) if t is not None else None for t in (x, scale, shift, w, b)]
         with pytest.raises(exc, match=pattern):
             torch.ops.fusegraph.adaln(x, scale, shift, eps, weight=w, bias=b, out_dtype=out_dtype)
-
-
-CAPABILITY_SCRIPT = textwrap.dedent(
-    """
-    import sys, torch, fusegraph
-    from tests.ops.test_adaln import chunked_modulation, reference64
-    from tests.helpers import assert_close_to_reference, randn
-    assert fusegraph._C.cpu_capability() == sys.argv[1], fusegraph._C.cpu_capability()
-    torch.manual_seed(0)
-    for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        for D in (1, 13, 3072 + 7):
-            x = randn(3, 4, D, dtype=dtype)
-            for mod_dtype in (dtype, torch.float32):
-                scale, shift = chunked_modulation(3, D, mod_dtype)
-                assert_close_to_reference(fusegraph.ops.adaln(x, scale, shift), reference64(x, scale, shift))
-    print("ok")
-    """
-)
-
-
-@pytest.mark.parametrize("capability", ["default", "avx2"])
-def test_kernels_under_each_cpu_capability(capability):
-    env = dict(os.environ, ATEN_CPU_CAPABILITY=capability)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    r = subprocess.run([sys.executable, "-c", CAPABILITY_SCRIPT, capability.upper()], env=env, cwd=root,
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr

@@ -1,8 +1,8 @@
 // Compiled once per CPU capability (see dispatch.h). Adaptive LayerNorm modulation over rows of D
 // elements: y = layer_norm(x)[*w + b] * (1 + scale) + shift, float32 math, one rounding at the store.
 // Per row: pass 1 reads x from memory (bf16/fp16 rows are widened once into a per-thread float32
-// buffer) and sums it; pass 2 sums (x - mean)^2 from cache (two-pass variance: exact enough for rows
-// with a large mean, unlike E[x^2] - mean^2); pass 3 reads scale/shift and writes the output.
+// buffer) and sums it; pass 2 sums d = x - mean and d^2 from cache (corrected two-pass variance:
+// accurate for rows with a large mean, unlike E[x^2] - mean^2); pass 3 reads scale/shift and writes.
 #include "common/dispatch.h"
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
@@ -62,7 +62,7 @@ void adaln_rows(const AdalnKernelArgs& p) {
   T_out* out = static_cast<T_out*>(p.out);
   const float* w = p.weight;
   const float* bias = p.bias;
-  const float eps = p.eps;
+  const double eps = p.eps;
   const float d_f = static_cast<float>(D);
   // Round D up to whole blocks so full-block loads/stores of the buffer stay inside it.
   const int64_t buf_len = kWiden ? at::divup(D, kB) * kB : 0;
@@ -95,8 +95,9 @@ void adaln_rows(const AdalnKernelArgs& p) {
       const float mean = sum_lanes(s0 + s1) / d_f;
       const fVec mean_v(mean);
 
-      // Pass 2: sum of squared deviations (from cache).
-      fVec q0(0.0f), q1(0.0f);
+      // Pass 2 (from cache): deviations d = x - mean. sum(d) corrects the float32 rounding of the
+      // mean (it matters for rows whose mean is large against their spread), sum(d^2) gives the variance.
+      fVec c0(0.0f), c1(0.0f), q0(0.0f), q1(0.0f);
       for (int64_t i = 0; i < D; i += kB) {
         const int64_t n = std::min(kB, D - i);
         fVec a, b;
@@ -104,11 +105,17 @@ void adaln_rows(const AdalnKernelArgs& p) {
         a = a - mean_v;
         b = b - mean_v;
         if (n < kB) mask_tail(a, b, n);
+        c0 = c0 + a;
+        c1 = c1 + b;
         q0 = at::vec::fmadd(a, a, q0);
         q1 = at::vec::fmadd(b, b, q1);
       }
-      const float var = sum_lanes(q0 + q1) / d_f;
-      const fVec rstd(1.0f / std::sqrt(var + eps));
+      const float sum_d = sum_lanes(c0 + c1);
+      const float var = std::max(0.0f, (sum_lanes(q0 + q1) - sum_d * (sum_d / d_f)) / d_f);
+      // (x - mean) - corr: the float32 mean of a row near 1000 is off by up to 3e-5; its correction
+      // is applied to the exact difference instead of being rounded into the mean.
+      const fVec corr(sum_d / d_f);
+      const fVec rstd(static_cast<float>(1.0 / std::sqrt(static_cast<double>(var) + eps)));
       const fVec one(1.0f);
 
       // Pass 3: normalise, affine, modulate, one store.
@@ -116,8 +123,8 @@ void adaln_rows(const AdalnKernelArgs& p) {
         const int64_t n = std::min(kB, D - j);
         fVec a, b;
         load_block(row + j, a, b, n);
-        a = (a - mean_v) * rstd;
-        b = (b - mean_v) * rstd;
+        a = ((a - mean_v) - corr) * rstd;
+        b = ((b - mean_v) - corr) * rstd;
         if (w != nullptr) {
           fVec wa, wb;
           load_block(w + j, wa, wb, n);

@@ -59,7 +59,7 @@ void rms_norm_rows(const RmsNormKernelArgs& p) {
   const float* bias = p.bias;
   const bool round_bf16 = p.round_dtype == at::kBFloat16;
   const bool round_half = p.round_dtype == at::kHalf;
-  const float eps = p.eps;
+  const float eps = static_cast<float>(p.eps);  // eager: float32 mean + eps in float32
   const float d_f = static_cast<float>(D);
 
   at::parallel_for(0, p.rows, row_grain(D), [&](int64_t r0, int64_t r1) {
