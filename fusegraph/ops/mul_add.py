@@ -28,20 +28,16 @@ def mul_add(a: torch.Tensor, b, c: torch.Tensor, *, out_dtype: torch.dtype | Non
     raise TypeError(f"fusegraph.mul_add: argument 'b' has type {type(b).__name__}; expected a tensor or a number")
 
 
-class _Promoted:
-    """The dtype eager `x op y` gives for float tensors: a dimensioned tensor's dtype wins over a zero-dim one's."""
-
-    def __init__(self, dtype: torch.dtype, zero_dim: bool):
-        self.dtype, self.zero_dim = dtype, zero_dim
-
-    @staticmethod
-    def of(t: torch.Tensor) -> "_Promoted":
-        return _Promoted(t.dtype, t.dim() == 0)
-
-    def __mul__(self, other: "_Promoted") -> "_Promoted":
-        if self.zero_dim == other.zero_dim:
-            return _Promoted(torch.promote_types(self.dtype, other.dtype), self.zero_dim)
-        return other if self.zero_dim else self
+def _result_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """The dtype eager `x op y op ...` gives for float tensors, left to right: a dimensioned tensor's dtype
+    wins over a zero-dim one's (same category); otherwise the two promote. As csrc/ops/mul_add.cpp."""
+    dtype, zero_dim = tensors[0].dtype, tensors[0].dim() == 0
+    for t in tensors[1:]:
+        if zero_dim == (t.dim() == 0):
+            dtype = torch.promote_types(dtype, t.dtype)
+        elif zero_dim:
+            dtype, zero_dim = t.dtype, False
+    return dtype
 
 
 def _check_broadcast(shapes) -> list:
@@ -74,7 +70,7 @@ def _mul_add_fake(a, b, c, *, out_dtype=None):
     check_same_device(a, "a", c, "mul_add", "c")
     shape = _check_broadcast((("a", a.shape), ("b", b.shape), ("c", c.shape)))
     check_out_dtype(out_dtype, "mul_add")
-    dtype = out_dtype or (_Promoted.of(a) * _Promoted.of(b) * _Promoted.of(c)).dtype
+    dtype = out_dtype or _result_dtype(a, b, c)
     return a.new_empty(shape, dtype=dtype)
 
 
@@ -89,5 +85,5 @@ def _mul_add_scalar_fake(a, b, c, *, out_dtype=None):
     check_same_device(a, "a", c, "mul_add", "c")
     shape = _check_broadcast((("a", a.shape), ("b", ()), ("c", c.shape)))
     check_out_dtype(out_dtype, "mul_add")
-    dtype = out_dtype or (_Promoted.of(a) * _Promoted.of(c)).dtype
+    dtype = out_dtype or _result_dtype(a, c)
     return a.new_empty(shape, dtype=dtype)

@@ -78,9 +78,8 @@ inline void rope_row_half(const T* x, const TC* c, const TC* s, T* o, int64_t D)
   }
 }
 
-template <typename T, typename TC>
-void rope_typed(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& out,
-                bool interleaved) {
+template <typename T, typename TC, bool kInterleaved>
+void rope_typed(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& out) {
   const int64_t n0 = x.size(0), n1 = x.size(1), n2 = x.size(2), D = x.size(3);
   const int64_t xs0 = x.stride(0), xs1 = x.stride(1), xs2 = x.stride(2);
   int64_t cs[4], ss[4];
@@ -99,7 +98,7 @@ void rope_typed(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
       const T* xr = xp + i0 * xs0 + i1 * xs1 + i2 * xs2;
       const TC* cr = cp + i0 * cs[0] + i1 * cs[1] + i2 * cs[2];
       const TC* sr = sp + i0 * ss[0] + i1 * ss[1] + i2 * ss[2];
-      if (interleaved) {
+      if constexpr (kInterleaved) {
         rope_row_interleaved(xr, cr, sr, op + r * D, D);
       } else {
         rope_row_half(xr, cr, sr, op + r * D, D);
@@ -118,10 +117,13 @@ void rope_typed(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
 void rope_kernel(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& out,
                  bool interleaved) {
   FG_DISPATCH_FLOAT_TYPES(x.scalar_type(), "fusegraph_rope", [&] {
-    if (cos.scalar_type() == at::kFloat) {
-      rope_typed<scalar_t, float>(x, cos, sin, out, interleaved);
+    const bool float_tables = cos.scalar_type() == at::kFloat;
+    if (interleaved) {
+      float_tables ? rope_typed<scalar_t, float, true>(x, cos, sin, out)
+                   : rope_typed<scalar_t, scalar_t, true>(x, cos, sin, out);
     } else {
-      rope_typed<scalar_t, scalar_t>(x, cos, sin, out, interleaved);
+      float_tables ? rope_typed<scalar_t, float, false>(x, cos, sin, out)
+                   : rope_typed<scalar_t, scalar_t, false>(x, cos, sin, out);
     }
   });
 }
