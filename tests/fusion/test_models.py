@@ -35,7 +35,8 @@ def flux_model():
 
 
 def flux_inputs(dtype, B=1, H=4, W=4, T=8):
-    img_ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(H).float(), torch.arange(W).float(), indexing="ij"), -1)
+    grid = torch.meshgrid(torch.zeros(1), torch.arange(H).float(), torch.arange(W).float(), indexing="ij")
+    img_ids = torch.stack(grid, -1)
     return dict(hidden_states=torch.randn(B, H * W, 4, dtype=dtype),
                 encoder_hidden_states=torch.randn(B, T, 32, dtype=dtype),
                 pooled_projections=torch.randn(B, 32, dtype=dtype), timestep=torch.tensor([0.5] * B, dtype=dtype),

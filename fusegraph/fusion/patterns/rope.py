@@ -133,7 +133,7 @@ def _wan_group(node: torch.fx.Node, user: torch.fx.Node):
         return scatter if scatter is not None and scatter.args[0] is node else user
     if _is(user, _aten.mul.Tensor):  # x1 * cos: x1 = unbind(x)[0]; the instance is its unbind
         other = user.args[0] if user.args[1] is node else user.args[1]
-        if isinstance(other, torch.fx.Node) and other.target is operator.getitem and _is(other.args[0], _aten.unbind.int):
+        if _is(other, operator.getitem) and _is(other.args[0], _aten.unbind.int):
             return other.args[0]
     return user
 
