@@ -123,11 +123,19 @@ def main(argv=None) -> int:
                    help="comma-separated subset of: eager, inductor, fusegraph, fusegraph_aten, fusegraph_graph")
     args = p.parse_args(argv)
 
+    threads_before = torch.get_num_threads()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    try:
+        return _run(args, variants_wanted=[v.strip() for v in args.variants.split(",") if v.strip()])
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _run(args, variants_wanted) -> int:
     from fusegraph import Backend, CompilationConfig
     from fusegraph.backend import _graph_runtime
 
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     dtype, device = DTYPES[args.dtype], torch.device(args.device)
     model, inputs, shape = BUILDERS[args.model](dtype, device)
@@ -154,7 +162,7 @@ def main(argv=None) -> int:
     runtime, why_not = _graph_runtime()
     if runtime is not None:
         variants["fusegraph_graph"] = compiled(CompilationConfig(graph_with_compile=True, inductor=False))
-    wanted = [v.strip() for v in args.variants.split(",") if v.strip()]
+    wanted = variants_wanted
     unknown = [v for v in wanted if v not in variants and v != "fusegraph_graph"]
     if unknown:
         print(f"unknown variant(s) {unknown}; choose from {sorted(variants)}", file=sys.stderr)
