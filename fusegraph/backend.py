@@ -307,6 +307,8 @@ class Backend:
     def _capture(self, fn, example_inputs):
         """Hands a graph to the graph runtime (GraphRunner); the one place the routes meet it."""
         runtime, _ = _graph_runtime()
+        if hasattr(runtime, "compile_graph_route"):  # the runtime's own entry for backends (captures eagerly
+            return runtime.compile_graph_route(fn, example_inputs, self.config, self.stats)  # when it can)
         return runtime.GraphRunner(fn, config=self.config, stats=self.stats)
 
     def _summary(self, job, captured: int, capture_seconds: float) -> str:

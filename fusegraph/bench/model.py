@@ -4,18 +4,20 @@ A small diffusers transformer with random weights (configs in the spirit of diff
 enough that timing means something and small enough to compile in seconds on 2 cores), run side by side:
 eager, ``torch.compile`` default (Inductor), fusegraph default (fusion + Inductor), fusegraph ``inductor=False``
 (fusion, fused aten ops) and the fusegraph graph route when a device graph is available. For each: compile
-time (first call), steady-state median, speed-up over eager, max |diff| vs eager, fusion counts.
+time (first call), steady-state median (variants timed round-robin, one call each per round), speed-up over
+eager, max |diff| vs eager, fusion counts.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 
 import torch
 
-from .timing import fmt_time, machine_summary, median_seconds
+from .timing import fmt_time, machine_summary, synchronize
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -76,26 +78,35 @@ def _first(out):
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
-def run_variant(name, make_fn, inputs, reference, device, reps):
-    torch._dynamo.reset()
+def compile_variant(name, make_fn, inputs, reference):
+    """Builds the variant and makes its first call (compile time); returns its row, callable and output."""
     fn, backend = make_fn()
     t0 = time.perf_counter()
     with torch.no_grad():
         out = _first(fn(**inputs))
-    compile_s = time.perf_counter() - t0
-
-    def step():
-        with torch.no_grad():
-            fn(**inputs)
-
-    median = median_seconds(step, device=device, warmup=2, reps=reps)
-    diff = (out.float() - reference.float()).abs().max().item() if reference is not None else 0.0
-    row = dict(variant=name, compile_s=compile_s, median_s=median, max_abs_diff=diff)
+    row = dict(variant=name, compile_s=time.perf_counter() - t0)
+    row["max_abs_diff"] = (out.float() - reference.float()).abs().max().item() if reference is not None else 0.0
     if backend is not None:
         row["patterns"] = dict(backend.stats.patterns)
         row["fallbacks"] = dict(backend.stats.fallbacks)
         row["graphs_captured"] = backend.stats.graphs_captured
-    return row, out
+    return row, fn, out
+
+
+def time_round_robin(fns: dict, inputs, device, reps: int, warmup: int = 2) -> dict:
+    """Median seconds per variant, timing one call of each variant in turn per round, so that a machine whose
+    load changes over time (shared CI, other jobs) biases every variant alike."""
+    times = {name: [] for name in fns}
+    with torch.no_grad():
+        for r in range(warmup + reps):
+            for name, fn in fns.items():
+                synchronize(device)
+                t0 = time.perf_counter()
+                fn(**inputs)
+                synchronize(device)
+                if r >= warmup:
+                    times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def main(argv=None) -> int:
@@ -104,11 +115,24 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--reps", type=int, default=10, help="timed runs per variant (median reported)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch.set_num_threads (0: torch's default). On a loaded shared machine use 1: a parallel "
+                        "region waiting for a descheduled thread makes every op orders of magnitude slower")
     p.add_argument("--json", help="also write the results as JSON to this path")
     p.add_argument("--variants", default="eager,inductor,fusegraph,fusegraph_aten,fusegraph_graph",
                    help="comma-separated subset of: eager, inductor, fusegraph, fusegraph_aten, fusegraph_graph")
     args = p.parse_args(argv)
 
+    threads_before = torch.get_num_threads()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    try:
+        return _run(args, variants_wanted=[v.strip() for v in args.variants.split(",") if v.strip()])
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _run(args, variants_wanted) -> int:
     from fusegraph import Backend, CompilationConfig
     from fusegraph.backend import _graph_runtime
 
@@ -138,7 +162,7 @@ def main(argv=None) -> int:
     runtime, why_not = _graph_runtime()
     if runtime is not None:
         variants["fusegraph_graph"] = compiled(CompilationConfig(graph_with_compile=True, inductor=False))
-    wanted = [v.strip() for v in args.variants.split(",") if v.strip()]
+    wanted = variants_wanted
     unknown = [v for v in wanted if v not in variants and v != "fusegraph_graph"]
     if unknown:
         print(f"unknown variant(s) {unknown}; choose from {sorted(variants)}", file=sys.stderr)
@@ -146,16 +170,20 @@ def main(argv=None) -> int:
     if "fusegraph_graph" in wanted and runtime is None:
         print(f"(fusegraph_graph skipped: {why_not})")
 
-    rows, reference = [], None
-    for name in wanted:
+    rows, fns, reference = [], {}, None
+    torch._dynamo.reset()
+    for name in wanted:  # variants coexist: Dynamo keeps one cache entry per backend
         if name not in variants:
             continue
-        row, out = run_variant(name, variants[name], inputs, reference, device, args.reps)
+        row, fn, out = compile_variant(name, variants[name], inputs, reference)
         if name == "eager":
             reference = out
         rows.append(row)
-        print(f"  {name:<16} first call {row['compile_s']:7.2f} s   median {fmt_time(row['median_s'])}",
-              flush=True)
+        fns[name] = fn
+        print(f"  {name:<16} first call {row['compile_s']:7.2f} s", flush=True)
+    medians = time_round_robin(fns, inputs, device, args.reps)
+    for row in rows:
+        row["median_s"] = medians[row["variant"]]
 
     eager = next((r["median_s"] for r in rows if r["variant"] == "eager"), None)
     print()
