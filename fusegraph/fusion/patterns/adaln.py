@@ -1,0 +1,241 @@
+"""AdaLN family: adaptive LayerNorm modulation ``layer_norm(x) * (1 + scale) + shift`` → ``fusegraph.adaln``.
+
+Source forms (diffusers):
+
+* ``LayerNorm(D, elementwise_affine=False)(x) * (1 + scale[:, None]) + shift[:, None]``: AdaLayerNormZero,
+  AdaLayerNormZeroSingle, SD35AdaLayerNormZeroX, the inline ``norm2`` / ``norm2_context`` of Flux and SD3
+  blocks (``scale_mlp[:, None]`` or ``.unsqueeze(1)``). The pattern starts at the broadcast scale/shift
+  (whatever view made them ``[B, 1, D]``, or per-token ``[B, S, D]``), which the fused op takes as they are.
+* ``AdaLayerNormContinuous``: ``norm(x) * (1 + scale)[:, None, :] + shift[:, None, :]`` with scale/shift
+  ``[B, D]`` chunks: the ``1 +`` comes before the broadcast, so the replacement unsqueezes scale itself.
+* Wan: ``(FP32LayerNorm(x.float()) * (1 + scale) + shift).type_as(x)`` with fp32 ``[B, 1, D]`` or per-token
+  ``[B, S, D]`` modulation → ``adaln(x, scale, shift, eps, out_dtype=x.dtype)``: the fused op upcasts x itself.
+* a LayerNorm with weight and bias before the modulation → ``adaln(..., weight=, bias=)``.
+
+Output dtype: the source's (type promotion of x, scale and shift, or ``x.dtype`` after ``type_as``), passed
+as ``out_dtype`` when it is not x's. eps is captured from the graph. The ``1`` in ``1 + scale``, the
+normalised dim (the last) and every cast are re-checked exactly per match, so ``x * (2 + scale) + shift`` or
+a norm over another dim do not fuse.
+
+A LayerNorm whose output feeds two modulations (SD35AdaLayerNormZeroX's ``norm_hidden_states`` → msa and
+msa2) is fused as two ``adaln`` calls: the pattern matcher refuses a match whose inner nodes have users
+outside it, so ``register`` adds a pre-step (:func:`unshare_norms`) that gives each modulation its own copy
+of the shared norm, after the casts CSE merged are split again (``_prepare.split_shared_casts``).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch._inductor.pattern_matcher import Match, PatternMatcherPass, register_replacement
+
+from ._prepare import prepare_before, split_shared_casts
+from ._trace import fwd_functional
+
+_EPS_MAGIC = 0.07314279675483704  # exactly representable in fp32; every literal equal to it becomes eps
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+# ---- search forms ------------------------------------------------------------------------------------
+
+
+def _ln(x, eps):
+    return F.layer_norm(x, [x.shape[-1]], None, None, eps)
+
+
+def _zero(x, scale, shift, eps):
+    return _ln(x, eps) * (1 + scale) + shift
+
+
+def _continuous(x, scale, shift, eps):
+    return _ln(x, eps) * (1 + scale)[:, None, :] + shift[:, None, :]
+
+
+def _fp32(x, scale, shift, eps):
+    return (_ln(x.float(), eps) * (1 + scale) + shift).type_as(x)
+
+
+def _affine(x, weight, bias, scale, shift, eps):
+    return F.layer_norm(x, [x.shape[-1]], weight, bias, eps) * (1 + scale) + shift
+
+
+# ---- replacements ------------------------------------------------------------------------------------
+
+
+def _out_dtype(x, *others):
+    """The source's result dtype: type promotion of x with the modulation tensors, None when it is x's."""
+    dtype = x.dtype
+    for t in others:
+        dtype = torch.promote_types(dtype, t.dtype)
+    return None if dtype == x.dtype else dtype
+
+
+def _fused_zero(x, scale, shift, eps):
+    return torch.ops.fusegraph.adaln(x, scale, shift, eps, out_dtype=_out_dtype(x, scale, shift))
+
+
+def _fused_continuous(x, scale, shift, eps):
+    scale, shift = scale.unsqueeze(1), shift.unsqueeze(1)
+    return torch.ops.fusegraph.adaln(x, scale, shift, eps, out_dtype=_out_dtype(x, scale, shift))
+
+
+def _fused_fp32(x, scale, shift, eps):
+    out_dtype = None if x.dtype == torch.float32 else x.dtype
+    return torch.ops.fusegraph.adaln(x, scale, shift, eps, out_dtype=out_dtype)
+
+
+def _fused_affine(x, weight, bias, scale, shift, eps):
+    return torch.ops.fusegraph.adaln(
+        x, scale, shift, eps, weight=weight, bias=bias, out_dtype=_out_dtype(x, weight, bias, scale, shift)
+    )
+
+
+# ---- checks ------------------------------------------------------------------------------------------
+
+
+def _val(match: Match, name: str):
+    node = match.kwargs.get(name)
+    return node.meta.get("val") if isinstance(node, torch.fx.Node) else node
+
+
+def _supported(match: Match, *, chunks: bool = False) -> bool:
+    """What the fused kernel takes: float x; float scale/shift broadcastable to x without growing it
+    (``chunks``: the continuous form's ``[B, D]``, unsqueezed by the replacement); 1-D weight/bias of size
+    D; a usable eps; everything on x's device."""
+    x = _val(match, "x")
+    if not isinstance(x, torch.Tensor) or x.dtype not in _DTYPES or x.dim() < 1:
+        return False
+    eps = match.kwargs.get("eps")
+    if not isinstance(eps, (int, float)) or not eps >= 0.0:
+        return False
+    for name in ("scale", "shift", "weight", "bias"):
+        t = _val(match, name)
+        if t is None and name in ("weight", "bias"):
+            continue
+        if not isinstance(t, torch.Tensor) or t.dtype not in _DTYPES or t.device != x.device:
+            return False
+        if name in ("weight", "bias"):
+            if t.dim() != 1 or t.shape[0] != x.shape[-1]:
+                return False
+            continue
+        shape = tuple(t.shape)
+        if chunks:
+            if len(shape) != 2:
+                return False
+            shape = (shape[0], 1, shape[1])
+        if len(shape) > x.dim():
+            return False
+        try:
+            if tuple(torch.broadcast_shapes(x.shape, shape)) != tuple(x.shape):
+                return False
+        except RuntimeError:
+            return False
+    return True
+
+
+# ---- shared norms ------------------------------------------------------------------------------------
+
+_aten = torch.ops.aten
+_CONVERT = torch.ops.prims.convert_element_type.default
+
+
+def _single_user(node, target):
+    users = list(node.users)
+    return users[0] if len(users) == 1 and users[0].op == "call_function" and users[0].target == target else None
+
+
+def _norm_chain(var_mean: torch.fx.Node):
+    """The nodes of one decomposed layer norm, ``var_mean`` to its output (optionally cast), or None."""
+    getitems = {u.args[1]: u for u in var_mean.users if u.op == "call_function" and len(u.args) == 2}
+    if set(getitems) != {0, 1}:
+        return None
+    var, mean = getitems[0], getitems[1]
+    add = _single_user(var, _aten.add.Tensor)
+    rsqrt = _single_user(add, _aten.rsqrt.default) if add is not None else None
+    sub = _single_user(mean, _aten.sub.Tensor)
+    if rsqrt is None or sub is None:
+        return None
+    mul = _single_user(rsqrt, _aten.mul.Tensor)
+    if mul is None or _single_user(sub, _aten.mul.Tensor) is not mul:
+        return None
+    chain = [var_mean, var, mean, add, rsqrt, sub, mul]
+    src = var_mean.args[0]
+    if isinstance(src, torch.fx.Node) and src.target == _CONVERT and sub.args[0] is src and len(src.users) == 2:
+        chain.insert(0, src)  # the upcast of a low-precision x belongs to this norm alone
+    cast = _single_user(mul, _CONVERT)
+    return chain + [cast] if cast is not None else chain
+
+
+def _is_modulation(user: torch.fx.Node, norm_out: torch.fx.Node) -> bool:
+    """``norm_out * t + u`` where t is ``1 + s`` or a view of it: what the adaln patterns fuse."""
+    if user.op != "call_function" or user.target != _aten.mul.Tensor or len(user.args) != 2:
+        return False
+    if user.args[0] is not norm_out or len(user.users) != 1:
+        return False
+    factor = user.args[1]
+    while isinstance(factor, torch.fx.Node) and factor.target in (_aten.unsqueeze.default, _aten.view.default):
+        factor = factor.args[0]
+    return (isinstance(factor, torch.fx.Node) and factor.target == _aten.add.Tensor and factor.args[1] == 1
+            and next(iter(user.users)).target == _aten.add.Tensor)
+
+
+def unshare_norms(graph: torch.fx.Graph) -> int:
+    """Gives each modulation of a layer norm shared by several (SD35AdaLayerNormZeroX: msa and msa2) its
+    own copy of the norm, so each can fuse into one ``adaln``. Returns the number of copies made.
+
+    Only modulation users get copies; any other user keeps the original. A copy that then does not fuse
+    is left to Inductor's CSE (inductor=True) or costs one extra norm (inductor=False)."""
+    copies = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target != _aten.var_mean.correction:
+            continue
+        chain = _norm_chain(node)
+        if chain is None:
+            continue
+        out = chain[-1]
+        mods = [u for u in out.users if _is_modulation(u, out)]
+        if len(out.users) < 2 or not mods:
+            continue
+        if len(mods) == len(out.users):
+            mods = mods[1:]  # the original keeps one of them
+        for user in mods:
+            env = {}
+            with graph.inserting_before(user):
+                for n in chain:
+                    env[n] = graph.node_copy(n, lambda a: env.get(a, a))
+            user.replace_input_with(out, env[out])
+            copies += 1
+    return copies
+
+
+
+# ---- registration ------------------------------------------------------------------------------------
+
+
+def register(pm: PatternMatcherPass, opts) -> None:
+    """Registers the AdaLN source forms, per dtype combination, into ``pm``."""
+    del opts  # the pass manager decides whether this family runs
+    prepare_before(pm, unshare_norms, split_shared_casts)
+    reg = functools.partial(
+        register_replacement,
+        trace_fn=fwd_functional,
+        pass_dicts=pm,
+        extra_check=_supported,
+        scalar_workaround={"eps": _EPS_MAGIC},
+        skip_duplicates=True,
+    )
+    B, S, D = 2, 5, 16
+    for x_dtype in _DTYPES:
+        x = torch.empty(B, S, D, dtype=x_dtype)
+        for m_dtype in _DTYPES:  # modulation in x's dtype, or another one (fp32 temb)
+            # [B, 1, D]; per-token [B, S, D] traces to the same pattern (shapes are checked per match)
+            mod = [torch.empty(B, 1, D, dtype=m_dtype) for _ in range(2)]
+            if x_dtype != torch.float32:
+                reg(_fp32, _fused_fp32, [x, *mod, _EPS_MAGIC])  # contains _zero on x.float(): first
+            reg(_zero, _fused_zero, [x, *mod, _EPS_MAGIC])
+            wb = [torch.empty(D, dtype=x_dtype) for _ in range(2)]
+            reg(_affine, _fused_affine, [x, *wb, *mod, _EPS_MAGIC])
+            chunks = [torch.empty(B, D, dtype=m_dtype) for _ in range(2)]
+            reg(_continuous, _fused_continuous, [x, *chunks, _EPS_MAGIC],
+                extra_check=functools.partial(_supported, chunks=True))

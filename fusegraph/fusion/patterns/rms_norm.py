@@ -1,0 +1,159 @@
+"""RMSNorm family: ``torch.nn.RMSNorm`` / ``F.rms_norm`` and diffusers ``RMSNorm`` → ``fusegraph.rms_norm``.
+
+Source forms (each traced with Inductor's decompositions, exactly as the model's graph is):
+
+* ``torch.rms_norm(x, [D], weight, eps)`` with and without weight (Flux / Wan QK-norm, Wan's across-heads
+  norm over the full inner dim before ``unflatten``): ``style="torch"``.
+* diffusers ``RMSNorm.forward`` (non-NPU branch): fp32 variance, ``x * rsqrt(var + eps)``, cast to the
+  weight's dtype when the weight is fp16/bf16, times weight, plus optional bias; without weight cast back to
+  ``x.dtype``: ``style="diffusers"``, which reproduces those output dtypes.
+
+eps is captured from the graph (``scalar_workaround``), never baked in: it arrives fp32-rounded from
+``nn.RMSNorm`` (e.g. 9.999999974752427e-07). Ints, dtypes and shapes are ignored by the first, coarse match
+and checked exactly by ``register_replacement``'s re-trace on the match's own shapes, so a mean over another
+dim, ``pow(x, 3)`` or a cast to another dtype do not fuse.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch._inductor.pattern_matcher import Match, PatternMatcherPass, register_replacement
+
+from ._prepare import prepare_before, split_shared_casts
+from ._trace import fwd_functional
+
+# A value no real graph holds, exactly representable in fp32 (torch.rms_norm rounds eps to fp32): every
+# literal equal to it in a traced pattern becomes the captured eps.
+_EPS_MAGIC = 0.07314279675483704
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_LOW = (torch.bfloat16, torch.float16)
+
+
+# ---- search forms ------------------------------------------------------------------------------------
+
+
+def _torch_weight(x, weight, eps):
+    return torch.rms_norm(x, [x.shape[-1]], weight, eps)
+
+
+def _torch_plain(x, eps):
+    return torch.rms_norm(x, [x.shape[-1]], None, eps)
+
+
+def _diffusers_core(x, eps):
+    # diffusers RMSNorm: x (any dtype) times an fp32 rsqrt promotes to fp32.
+    variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+    return x * torch.rsqrt(variance + eps)
+
+
+def _diffusers_weight(x, weight, eps):
+    h = _diffusers_core(x, eps)
+    if weight.dtype in _LOW:
+        h = h.to(weight.dtype)
+    return h * weight
+
+
+def _diffusers_weight_bias(x, weight, bias, eps):
+    return _diffusers_weight(x, weight, eps) + bias
+
+
+def _diffusers_plain(x, eps):
+    return _diffusers_core(x, eps).to(x.dtype)
+
+
+# ---- replacements ------------------------------------------------------------------------------------
+
+
+def _fused_torch_weight(x, weight, eps):
+    return torch.ops.fusegraph.rms_norm(x, weight, eps, style="torch")
+
+
+def _fused_torch_plain(x, eps):
+    return torch.ops.fusegraph.rms_norm(x, None, eps, style="torch")
+
+
+def _fused_diffusers_weight(x, weight, eps):
+    return torch.ops.fusegraph.rms_norm(x, weight, eps, style="diffusers")
+
+
+def _fused_diffusers_weight_bias(x, weight, bias, eps):
+    return torch.ops.fusegraph.rms_norm(x, weight, eps, bias=bias, style="diffusers")
+
+
+def _fused_diffusers_plain(x, eps):
+    return torch.ops.fusegraph.rms_norm(x, None, eps, style="diffusers")
+
+
+# ---- checks ------------------------------------------------------------------------------------------
+
+
+def _val(match: Match, name: str):
+    node = match.kwargs.get(name)
+    return node.meta.get("val") if isinstance(node, torch.fx.Node) else node
+
+
+def _supported(match: Match) -> bool:
+    """What the fused kernel takes: float x with a last dim, a 1-D weight/bias of size D, a usable eps."""
+    x = _val(match, "x")
+    if not isinstance(x, torch.Tensor) or x.dtype not in _DTYPES or x.dim() < 1:
+        return False
+    eps = match.kwargs.get("eps")
+    if not isinstance(eps, (int, float)) or not eps >= 0.0:
+        return False
+    dim = x.shape[-1]
+    weight = _val(match, "weight")
+    for name in ("weight", "bias"):
+        t = _val(match, name)
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor) or t.dtype not in _DTYPES or t.dim() != 1 or t.shape[0] != dim:
+            return False
+        if t.device != x.device:
+            return False
+    bias = _val(match, "bias")
+    if bias is not None and bias.dtype != weight.dtype:
+        return False  # diffusers keeps weight and bias in one dtype; a mixed pair would promote differently
+    return True
+
+
+# ---- registration ------------------------------------------------------------------------------------
+
+
+def _examples(x_dtype, w_dtype, n_tensors):
+    x = torch.empty(2, 3, 16, dtype=x_dtype)
+    w = torch.empty(16, dtype=w_dtype)
+    return [x, w, torch.empty(16, dtype=w_dtype)][:n_tensors]
+
+
+def register(pm: PatternMatcherPass, opts) -> None:
+    """Registers every RMSNorm source form, per dtype combination, into ``pm``."""
+    del opts  # the pass manager decides whether this family runs; nothing here depends on its options
+    prepare_before(pm, split_shared_casts)  # casts merged by freezing's CSE would block matches
+    reg = functools.partial(
+        register_replacement,
+        trace_fn=fwd_functional,
+        pass_dicts=pm,
+        extra_check=_supported,
+        scalar_workaround={"eps": _EPS_MAGIC},
+        skip_duplicates=True,
+    )
+    forms = (
+        # (search, replace, tensor args); the larger form first (bias contains the weight form)
+        (_diffusers_weight_bias, _fused_diffusers_weight_bias, 3),
+        (_diffusers_weight, _fused_diffusers_weight, 2),
+        (_diffusers_plain, _fused_diffusers_plain, 1),
+        (_torch_weight, _fused_torch_weight, 2),
+        (_torch_plain, _fused_torch_plain, 1),
+    )
+    for search, replace, n in forms:
+        for x_dtype in _DTYPES:
+            # the weight in x's dtype (module.to(dtype)) or in another one (fp32 weights, autocast-style graphs);
+            # the casts in the traced graph differ per combination, identical patterns are skipped
+            for w_dtype in _DTYPES if n > 1 else (x_dtype,):
+                reg(search, replace, _examples(x_dtype, w_dtype, n) + [_EPS_MAGIC])
+                if search in (_torch_weight, _torch_plain):
+                    # torch.rms_norm of a non-contiguous x (a transposed [B, H, S, D] view) ends in a clone
+                    args = _examples(x_dtype, w_dtype, n)
+                    args[0] = torch.empty(2, 5, 3, 16, dtype=x_dtype).transpose(1, 2)
+                    reg(search, replace, args + [_EPS_MAGIC])

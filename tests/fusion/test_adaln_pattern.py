@@ -1,0 +1,177 @@
+"""AdaLN fusion (SPEC §3): LayerNorm(elementwise_affine=False)(x) * (1 + scale[:, None]) + shift[:, None]
+(AdaLayerNormZero, ZeroSingle, SD35AdaLayerNormZeroX, inline norm2), AdaLayerNormContinuous, Wan's fp32 form with
+[B, 1, D] and per-token [B, S, D] modulation -> one fusegraph.adaln each, in the source's output dtype;
+lookalikes stay unfused."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from diffusers.models.normalization import (AdaLayerNormContinuous, AdaLayerNormZero, AdaLayerNormZeroSingle,
+                                            FP32LayerNorm, SD35AdaLayerNormZeroX)
+
+from tests.fusion.pattern_checks import assert_matches, assert_ops_gone, compile_and_run, double, fused
+
+DTYPES = [torch.float32, torch.bfloat16]
+LN_CHAIN = ("aten.var_mean.correction", "aten.rsqrt.default")
+D = 32
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cls", [AdaLayerNormZero, AdaLayerNormZeroSingle])
+def test_adalayernorm_zero_fuses(dtype, cls):
+    m = cls(D).to(dtype)
+    x, emb = torch.randn(2, 7, D, dtype=dtype), torch.randn(2, D, dtype=dtype)
+
+    def f(x, emb):
+        return m(x, emb=emb)[0]
+
+    b, out, eager = compile_and_run(f, x, emb, inductor=False)
+    assert b.stats.patterns["adaln"] == 1 and fused(b, "adaln") == 1
+    assert_ops_gone(b, *LN_CHAIN)
+    assert_matches(out, eager, scale=4.0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_inline_norm2_fuses(dtype):
+    """Flux/SD3 blocks: self.norm2(h) * (1 + scale_mlp[:, None]) + shift_mlp[:, None] (and .unsqueeze(1))."""
+    norm2 = nn.LayerNorm(D, elementwise_affine=False, eps=1e-6)
+
+    def f(h, emb):
+        _, _, _, shift_mlp, scale_mlp, _ = emb.chunk(6, dim=1)
+        a = norm2(h) * (1 + scale_mlp[:, None]) + shift_mlp[:, None]
+        c = norm2(h * 2) * (1 + scale_mlp.unsqueeze(1)) + shift_mlp.unsqueeze(1)
+        return a, c
+
+    h, emb = torch.randn(2, 5, D, dtype=dtype), torch.randn(2, 6 * D, dtype=dtype) * 0.5
+    b, out, eager = compile_and_run(f, h, emb, inductor=False)
+    assert fused(b, "adaln") == 2
+    assert_ops_gone(b, *LN_CHAIN)
+    assert_matches(out, eager, scale=4.0, ref64=double(f, h, emb))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_adalayernorm_continuous_fuses(dtype):
+    m = AdaLayerNormContinuous(D, D, elementwise_affine=False, eps=1e-6).to(dtype)
+    x, cond = torch.randn(2, 6, D, dtype=dtype), torch.randn(2, D, dtype=dtype)
+    b, out, eager = compile_and_run(m, x, cond, inductor=False)
+    assert b.stats.patterns["adaln"] == 1 and fused(b, "adaln") == 1
+    assert_ops_gone(b, *LN_CHAIN)
+    assert_matches(out, eager, scale=4.0, ref64=double(m, x, cond))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sd35_dual_modulation_of_one_norm_fuses_twice(dtype):
+    """SD35AdaLayerNormZeroX modulates one norm twice (msa and msa2): both fuse."""
+    m = SD35AdaLayerNormZeroX(D).to(dtype)
+
+    def f(x, emb):
+        out = m(x, emb)
+        return out[0], out[5]
+
+    x, emb = torch.randn(2, 5, D, dtype=dtype), torch.randn(2, D, dtype=dtype)
+    b, out, eager = compile_and_run(f, x, emb, inductor=False)
+    assert b.stats.patterns["adaln"] == 2 and fused(b, "adaln") == 2
+    assert_ops_gone(b, *LN_CHAIN)
+    assert_matches(out, eager, scale=4.0)
+
+
+def test_norm_also_returned_keeps_the_graph_outputs():
+    """The norm's output is returned as well as modulated: the modulation fuses, the returned norm stays."""
+    ln = nn.LayerNorm(D, elementwise_affine=False, eps=1e-6)
+
+    def f(x, scale, shift):
+        n = ln(x)
+        return n, n * (1 + scale) + shift
+
+    x, scale, shift = torch.randn(2, 3, D), torch.randn(2, 1, D), torch.randn(2, 1, D)
+    b, out, eager = compile_and_run(f, x, scale, shift, inductor=False)
+    assert fused(b, "adaln") <= 1
+    assert_matches(out, eager)
+
+
+class WanModulation(nn.Module):
+    """Wan's block: (FP32LayerNorm(x.float()) * (1 + scale) + shift).type_as(x), modulation from an fp32 table
+    plus temb, chunked: [B, 1, D] (Wan 2.1) or per-token [B, S, D] (Wan 2.2 ti2v)."""
+
+    def __init__(self, per_token):
+        super().__init__()
+        self.per_token = per_token
+        self.norm1 = FP32LayerNorm(D, 1e-6, elementwise_affine=False)
+        self.scale_shift_table = nn.Parameter(torch.randn(1, 2, D) / D ** 0.5)
+
+    def forward(self, x, temb):
+        if self.per_token:
+            shift, scale = (self.scale_shift_table.unsqueeze(0) + temb.float()).chunk(2, dim=2)
+            shift, scale = shift.squeeze(2), scale.squeeze(2)
+        else:
+            shift, scale = (self.scale_shift_table + temb.float()).chunk(2, dim=1)
+        return (self.norm1(x.float()) * (1 + scale) + shift).type_as(x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("per_token", [False, True])
+def test_wan_fp32_modulation_fuses(dtype, per_token):
+    m = WanModulation(per_token)
+    B, S = 2, 6
+    x = torch.randn(B, S, D, dtype=dtype)
+    temb = torch.randn(B, S, 2, D, dtype=dtype) if per_token else torch.randn(B, 2, D, dtype=dtype)
+    b, out, eager = compile_and_run(m, x, temb, inductor=False)
+    assert b.stats.patterns["adaln"] == 1 and fused(b, "adaln") == 1
+    assert_ops_gone(b, *LN_CHAIN)
+    assert out.dtype == dtype
+    assert_matches(out, eager, scale=4.0)
+
+
+def test_layernorm_with_affine_fuses():
+    ln = nn.LayerNorm(D, eps=1e-5)
+    with torch.no_grad():
+        ln.weight.normal_(1.0, 0.2), ln.bias.normal_(0.0, 0.2)
+
+    def f(x, scale, shift):
+        return ln(x) * (1 + scale) + shift
+
+    x, scale, shift = torch.randn(2, 5, D), torch.randn(2, 1, D), torch.randn(2, 1, D)
+    b, out, eager = compile_and_run(f, x, scale, shift, inductor=False, enable_freezing=False)
+    assert fused(b, "adaln") == 1
+    assert_matches(out, eager)
+
+
+def test_adaln_fuses_under_inductor():
+    z = AdaLayerNormZero(D).to(torch.bfloat16)
+    c = AdaLayerNormContinuous(D, D, elementwise_affine=False, eps=1e-6).to(torch.bfloat16)
+
+    def f(x, emb):
+        return z(x, emb=emb)[0], c(x, emb)
+
+    x, emb = torch.randn(2, 5, D, dtype=torch.bfloat16), torch.randn(2, D, dtype=torch.bfloat16)
+    b, out, eager = compile_and_run(f, x, emb, inductor=True)
+    assert b.stats.patterns["adaln"] == 2 and fused(b, "adaln") == 2
+    assert_matches(out, eager, scale=4.0)
+
+
+# --- lookalikes ------------------------------------------------------------------------------------------
+
+
+def lookalike_two_plus_scale(x, scale, shift):
+    return F.layer_norm(x, [D], eps=1e-6) * (2 + scale) + shift
+
+
+def lookalike_norm_over_two_dims(x, scale, shift):
+    return F.layer_norm(x, list(x.shape[-2:]), eps=1e-6) * (1 + scale) + shift
+
+
+def lookalike_shift_minus(x, scale, shift):
+    return F.layer_norm(x, [D], eps=1e-6) * (1 + scale) - shift
+
+
+def lookalike_scale_without_one(x, scale, shift):
+    return F.layer_norm(x, [D], eps=1e-6) * scale + shift
+
+
+@pytest.mark.parametrize("fn", [lookalike_two_plus_scale, lookalike_norm_over_two_dims, lookalike_shift_minus,
+                                lookalike_scale_without_one])
+def test_lookalikes_stay_unfused(fn):
+    x, scale, shift = torch.randn(2, 5, D), torch.randn(2, 1, D), torch.randn(2, 1, D)
+    b, out, eager = compile_and_run(fn, x, scale, shift, inductor=False)
+    assert b.stats.patterns["adaln"] == 0 and fused(b, "adaln") == 0
+    assert_matches(out, eager)

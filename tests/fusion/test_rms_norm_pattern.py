@@ -1,0 +1,164 @@
+"""RMSNorm fusion (SPEC §3): torch.nn.RMSNorm / F.rms_norm (eps fp32-rounded), diffusers RMSNorm (weight in x's
+dtype or fp32, with and without bias, without weight), Wan's across-heads norm -> one fusegraph.rms_norm each,
+with the source's output dtype; lookalikes stay unfused."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from diffusers.models.normalization import RMSNorm
+
+from tests.fusion.pattern_checks import assert_matches, assert_ops_gone, compile_and_run, double, fused
+
+DTYPES = [torch.float32, torch.bfloat16]
+RMS_CHAIN = ("aten.rsqrt.default", "aten.pow.Tensor_Scalar", "aten.mean.dim")
+
+
+def randomize(module, scale=1.0, offset=0.0):
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn_like(p) * scale + offset)
+    return module
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_torch_rmsnorm_with_weight_fuses(dtype):
+    m = randomize(nn.RMSNorm(64, eps=1e-6), 0.5, 1.0).to(dtype)
+    x = torch.randn(2, 7, 3, 64, dtype=dtype)  # Flux QK-norm: [B, S, H, Dh]
+    b, out, eager = compile_and_run(m, x, inductor=False)
+    assert b.stats.patterns["rms_norm"] == 1 and fused(b, "rms_norm") == 1
+    assert_ops_gone(b, *RMS_CHAIN)
+    assert_matches(out, eager, scale=2.0, ref64=double(m, x))
+
+
+@pytest.mark.parametrize("eps", [1e-6, 1e-5, None])
+def test_torch_rmsnorm_eps_is_captured_not_baked(eps):
+    """nn.RMSNorm's eps arrives fp32-rounded (1e-6 -> 9.999999974752427e-07), None -> finfo eps: all fuse,
+    and the fused op gets the graph's value."""
+    m = nn.RMSNorm(32, eps=eps, elementwise_affine=False)
+    x = torch.randn(3, 5, 32) * 1e-3  # small values: eps matters to the result
+    b, out, eager = compile_and_run(m, x, inductor=False)
+    assert fused(b, "rms_norm") == 1
+    assert_ops_gone(b, *RMS_CHAIN)
+    assert_matches(out, eager)
+
+
+def test_functional_rms_norm_fuses():
+    def f(x, w):
+        return F.rms_norm(x, [x.shape[-1]], w, eps=1e-5) + 1.0
+
+    x, w = torch.randn(4, 48), torch.randn(48)
+    b, out, eager = compile_and_run(f, x, w, inductor=False)
+    assert fused(b, "rms_norm") == 1
+    assert_matches(out, eager)
+
+
+@pytest.mark.parametrize("w_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("bias", [False, True])
+def test_diffusers_rmsnorm_fuses_with_its_output_dtype(w_dtype, bias):
+    """diffusers RMSNorm casts to a bf16 weight's dtype before the multiply; with an fp32 weight the result
+    stays fp32 even for bf16 x. The fused op must give the same dtype and values."""
+    m = randomize(RMSNorm(64, eps=1e-6, bias=bias), 0.5, 1.0).to(w_dtype)
+    if bias:
+        with torch.no_grad():
+            m.bias.mul_(0.1)
+    x = torch.randn(2, 9, 64, dtype=torch.bfloat16)
+    b, out, eager = compile_and_run(m, x, inductor=False)
+    assert fused(b, "rms_norm") == 1
+    assert_ops_gone(b, *RMS_CHAIN, "aten.add.Tensor")
+    assert out.dtype == (torch.float32 if w_dtype == torch.float32 else torch.bfloat16)
+    assert_matches(out, eager, scale=2.0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_diffusers_rmsnorm_without_weight_fuses(dtype):
+    m = RMSNorm(40, eps=1e-6, elementwise_affine=False)
+    x = torch.randn(2, 3, 5, 40, dtype=dtype)
+    b, out, eager = compile_and_run(m, x, inductor=False)
+    assert fused(b, "rms_norm") == 1
+    assert_ops_gone(b, *RMS_CHAIN)
+    assert_matches(out, eager, ref64=double(m, x))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_wan_across_heads_rmsnorm_fuses(dtype):
+    """Wan: norm_q = RMSNorm(heads * head_dim) over the full inner dim, then unflatten into heads."""
+    heads, head_dim = 4, 16
+    norm = randomize(nn.RMSNorm(heads * head_dim, eps=1e-6), 0.5, 1.0).to(dtype)
+    proj = nn.Linear(32, heads * head_dim).to(dtype)
+
+    def f(h):
+        return norm(proj(h)).unflatten(2, (heads, -1))
+
+    x = torch.randn(2, 11, 32, dtype=dtype)
+    b, out, eager = compile_and_run(f, x, inductor=False)
+    assert fused(b, "rms_norm") == 1
+    assert_ops_gone(b, *RMS_CHAIN)
+    assert_matches(out, eager, scale=4.0)
+
+
+def test_rmsnorm_fuses_under_inductor():
+    m = randomize(nn.RMSNorm(64, eps=1e-6), 0.5, 1.0).to(torch.bfloat16)
+    d = randomize(RMSNorm(64, eps=1e-6), 0.5, 1.0).to(torch.bfloat16)
+
+    def f(q, k):
+        # q and k share nothing but their casts after freezing's CSE (both are read as q.float(), k.float())
+        return m(q), d(k), q.float() + k.float()
+
+    q, k = torch.randn(2, 5, 2, 64, dtype=torch.bfloat16), torch.randn(2, 5, 2, 64, dtype=torch.bfloat16)
+    b, out, eager = compile_and_run(f, q, k, inductor=True)
+    assert b.stats.patterns["rms_norm"] == 2 and fused(b, "rms_norm") == 2
+    assert_matches(out, eager, scale=2.0)
+
+
+def test_non_contiguous_input_fuses():
+    m = randomize(nn.RMSNorm(32, eps=1e-6), 0.5, 1.0)
+
+    def f(x):
+        return m(x.transpose(1, 2))  # [B, H, S, D] view of [B, S, H, D]
+
+    x = torch.randn(2, 6, 3, 32)
+    b, out, eager = compile_and_run(f, x, inductor=False)
+    assert fused(b, "rms_norm") == 1
+    assert_matches(out, eager)
+
+
+# --- lookalikes: same ops, different math: must stay unfused ------------------------------------------------
+
+
+def lookalike_mean_over_other_dim(x, w):
+    return x * torch.rsqrt(x.pow(2).mean(1, keepdim=True) + 1e-6) * w
+
+
+def lookalike_fourth_power(x, w):
+    return x * torch.rsqrt(x.pow(4).mean(-1, keepdim=True) + 1e-6) * w
+
+
+def lookalike_rsqrt_of_sum(x, w):
+    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + 1e-6) * w
+
+
+def lookalike_two_dim_norm(x, w):
+    return F.rms_norm(x, list(x.shape[-2:]), None, 1e-6) * w
+
+
+@pytest.mark.parametrize("fn", [lookalike_mean_over_other_dim, lookalike_fourth_power, lookalike_rsqrt_of_sum,
+                                lookalike_two_dim_norm])
+def test_lookalikes_stay_unfused(fn):
+    x, w = torch.randn(2, 16, 16), torch.randn(16)
+    b, out, eager = compile_and_run(fn, x, w, inductor=False)
+    assert b.stats.patterns["rms_norm"] == 0 and fused(b, "rms_norm") == 0
+    assert_matches(out, eager)
+
+
+def test_returned_intermediate_keeps_the_graph_outputs():
+    """The normalised value before the weight is also returned: the weight form cannot fuse (it would drop
+    an output); what fuses must leave both outputs equal to eager."""
+
+    def f(x, w):
+        n = x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)
+        return n, n * w
+
+    x, w = torch.randn(3, 24), torch.randn(24)
+    b, out, eager = compile_and_run(f, x, w, inductor=False)
+    assert fused(b, "rms_norm") <= 1
+    assert_matches(out, eager)
