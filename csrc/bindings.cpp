@@ -2,6 +2,7 @@
 // Loading this module also registers the fusegraph:: operators (static TORCH_LIBRARY initialisers).
 #include <torch/extension.h>
 
+#include <ATen/ScalarOps.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
 #include "common/output.h"
@@ -104,6 +105,24 @@ class PyExecutable final : public fg::Executable {
   std::vector<c10::IValue> outputs_;
 };
 
+// A constant argument. A Python number where the schema wants a Tensor (make_fx records `x * 2` as
+// mul.Tensor(x, 2)) becomes a wrapped-number tensor, exactly as the Python argument parser makes it, so type
+// promotion (and therefore the result) is the same as in the FX graph's own execution.
+c10::IValue constant_ivalue(py::handle value, const c10::TypePtr& type) {
+  c10::TypePtr t = type;
+  if (auto opt = t->cast<c10::OptionalType>()) t = opt->getElementType();
+  if (t->kind() == c10::TypeKind::TensorType && !THPVariable_Check(value.ptr()) &&
+      (py::isinstance<py::bool_>(value) || py::isinstance<py::int_>(value) || py::isinstance<py::float_>(value))) {
+    at::Scalar scalar = py::isinstance<py::bool_>(value) ? at::Scalar(value.cast<bool>())
+                        : py::isinstance<py::int_>(value) ? at::Scalar(value.cast<int64_t>())
+                                                          : at::Scalar(value.cast<double>());
+    at::Tensor tensor = c10::scalar_to_tensor(scalar);
+    tensor.unsafeGetTensorImpl()->set_wrapped_number(true);
+    return tensor;
+  }
+  return torch::jit::toIValue(value, type);
+}
+
 // One schema argument of a host-graph node from the FX node's Python value (ValueRef for node results).
 fg::ArgTemplate arg_template(fg::HostGraph& graph, const c10::Argument& arg, py::handle value) {
   fg::ArgTemplate a;
@@ -125,7 +144,7 @@ fg::ArgTemplate arg_template(fg::HostGraph& graph, const c10::Argument& arg, py:
           et.is_ref = true;
           et.ref = e.cast<fg::ValueRef>();
         } else {
-          et.constant = torch::jit::toIValue(e, a.element_type);
+          et.constant = constant_ivalue(e, a.element_type);
           if (et.constant.isTensor()) graph.hold_constant(et.constant.toTensor());
         }
         a.elements.push_back(std::move(et));
@@ -133,7 +152,7 @@ fg::ArgTemplate arg_template(fg::HostGraph& graph, const c10::Argument& arg, py:
       return a;
     }
   }
-  a.constant = torch::jit::toIValue(value, arg.type());
+  a.constant = constant_ivalue(value, arg.type());
   if (a.constant.isTensor()) graph.hold_constant(a.constant.toTensor());
   if (a.constant.isTensorList()) {
     for (const at::Tensor& t : a.constant.toTensorVector()) graph.hold_constant(t);
@@ -211,6 +230,13 @@ void bind_graph(py::module_& m) {
            })
       .def("finalize", &fg::HostGraph::finalize)
       .def("run", [](fg::HostGraph& g, const std::vector<at::Tensor>& inputs) { return to_py_list(g.run(inputs)); })
+      .def("run_timed",
+           [](fg::HostGraph& g, const std::vector<at::Tensor>& inputs) {
+             std::vector<double> seconds;
+             auto out = g.run_timed(inputs, &seconds);
+             return py::make_tuple(to_py_list(out), seconds);
+           },
+           "run() that also returns each instruction's own seconds (its callBoxed)")
       .def_property_readonly("num_instructions", &fg::HostGraph::num_instructions)
       .def_property_readonly("constant_bytes", &fg::HostGraph::constant_bytes);
 

@@ -4,6 +4,7 @@
 #include <c10/core/InferenceMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include <chrono>
 #include <limits>
 #include <optional>
 #include <c10/util/Exception.h>
@@ -118,7 +119,14 @@ c10::IValue HostGraph::materialize(const ArgTemplate& a, const std::vector<c10::
   return {};
 }
 
-std::vector<c10::IValue> HostGraph::run(const std::vector<at::Tensor>& inputs) {
+std::vector<c10::IValue> HostGraph::run(const std::vector<at::Tensor>& inputs) { return run_impl(inputs, nullptr); }
+
+std::vector<c10::IValue> HostGraph::run_timed(const std::vector<at::Tensor>& inputs, std::vector<double>* seconds) {
+  seconds->assign(instructions_.size(), 0.0);
+  return run_impl(inputs, seconds);
+}
+
+std::vector<c10::IValue> HostGraph::run_impl(const std::vector<at::Tensor>& inputs, std::vector<double>* seconds) {
   TORCH_CHECK(finalized_, "fusegraph host graph: run before finalize");
   TORCH_CHECK(static_cast<int32_t>(inputs.size()) == num_inputs_, "fusegraph host graph: expected ", num_inputs_,
               " tensor inputs, got ", inputs.size());
@@ -137,10 +145,17 @@ std::vector<c10::IValue> HostGraph::run(const std::vector<at::Tensor>& inputs) {
   for (int32_t i = 0; i < num_inputs_; ++i) slots[i] = inputs[i];
   torch::jit::Stack stack;
   stack.reserve(max_args_);
-  for (const auto& ins : instructions_) {
+  for (size_t i = 0; i < instructions_.size(); ++i) {
+    const Instruction& ins = instructions_[i];
     stack.clear();
     for (const auto& a : ins.args) stack.push_back(materialize(a, slots));
-    ins.op.callBoxed(stack);
+    if (seconds) {
+      auto t0 = std::chrono::steady_clock::now();
+      ins.op.callBoxed(stack);
+      (*seconds)[i] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    } else {
+      ins.op.callBoxed(stack);
+    }
     TORCH_CHECK(static_cast<int32_t>(stack.size()) == ins.num_outputs, "fusegraph host graph: ", ins.name,
                 " returned ", stack.size(), " values, its schema declares ", ins.num_outputs);
     for (int32_t r = 0; r < ins.num_outputs; ++r) slots[ins.first_output_slot + r] = std::move(stack[r]);

@@ -79,10 +79,10 @@ class graph:  # noqa: N801  (torch_npu's name)
     def __init__(self, npu_graph, pool=None, stream=None, auto_dispatch_capture=False, capture_error_mode="global"):
         self.npu_graph, self.pool, self.stream_ = npu_graph, pool, stream
 
-    def __enter__(self):
-        synchronize()
+    def __enter__(self):  # as torch_npu does: sync, collect, empty the cache (looked up at call time)
+        torch.npu.synchronize()
         gc.collect()
-        empty_cache()
+        torch.npu.empty_cache()
         self._stream_ctx = stream(self.stream_ if self.stream_ is not None else Stream())
         self._stream_ctx.__enter__()
         self.npu_graph.capture_begin(pool=self.pool)
