@@ -63,9 +63,15 @@ class HostDriver:
     name = "host"
 
     def capture(self, flat_fn, tensors, options) -> Capture:
+        # warm-up and trace on copies of the same strides, so a function that mutates its inputs still
+        # mutates the caller's tensors exactly once (in the replay); overlapping layouts are traced as given
+        try:
+            work = static_buffers(tensors, lazy=False)
+        except RuntimeError:
+            work = list(tensors)
         for _ in range(options.graph_warmup_runs):
-            flat_fn(*tensors)
-        gm = trace_aten(flat_fn, tensors)
+            flat_fn(*work)
+        gm = trace_aten(flat_fn, work)
         try:
             graph = build_host_graph(gm)
         except Unsupported as e:

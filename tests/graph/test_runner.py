@@ -240,3 +240,17 @@ def test_bad_config_values_name_the_field():
         GraphRunner(lambda x: x, cfg(graph_max_entries=-1))
     with pytest.raises(TypeError, match="safe_output_mode"):
         GraphRunner(lambda x: x, cfg(safe_output_mode="yes"))
+
+
+def test_a_function_mutating_its_input_mutates_it_once_per_call():
+    def fn(x):
+        x.add_(1)
+        return x * 2
+
+    r = GraphRunner(fn, cfg(graph_warmup_runs=2))
+    x = torch.zeros(3)
+    out = r(x)
+    torch.testing.assert_close(x, torch.ones(3), rtol=0, atol=0)
+    torch.testing.assert_close(out, torch.full((3,), 2.0), rtol=0, atol=0)
+    r(x)
+    torch.testing.assert_close(x, torch.full((3,), 2.0), rtol=0, atol=0)
