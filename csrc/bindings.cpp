@@ -25,7 +25,7 @@ std::shared_ptr<void> hold_py(py::object obj) {
 
 // Splits a call's flat arguments into the cache's signature and its tensors. Non-tensors are keyed on their
 // type and repr (ints, floats, bools, strings, None, dtypes...).
-fg::Signature signature_of(const py::list& leaves, std::vector<at::Tensor>* tensors) {
+fg::Signature signature_of(const py::sequence& leaves, std::vector<at::Tensor>* tensors) {
   fg::Signature sig;
   sig.args.reserve(leaves.size());
   for (py::handle h : leaves) {
@@ -233,10 +233,12 @@ void bind_graph(py::module_& m) {
       .def("run_timed",
            [](fg::HostGraph& g, const std::vector<at::Tensor>& inputs) {
              std::vector<double> seconds;
-             auto out = g.run_timed(inputs, &seconds);
-             return py::make_tuple(to_py_list(out), seconds);
+             double release_seconds = 0.0;
+             auto out = g.run_timed(inputs, &seconds, &release_seconds);
+             return py::make_tuple(to_py_list(out), seconds, release_seconds);
            },
-           "run() that also returns each instruction's own seconds (its callBoxed)")
+           "run() that also returns each instruction's own seconds (its callBoxed) and the seconds spent "
+           "releasing dead values (tensor frees): (outputs, seconds, release_seconds)")
       .def_property_readonly("num_instructions", &fg::HostGraph::num_instructions)
       .def_property_readonly("constant_bytes", &fg::HostGraph::constant_bytes);
 
@@ -262,7 +264,12 @@ void bind_graph(py::module_& m) {
            py::arg("recapture") = true, py::arg("safe_outputs") = true)
       .def(
           "call",
-          [](fg::GraphCache& c, const py::list& leaves, bool check_drift) -> py::tuple {
+          [](fg::GraphCache& c, const py::sequence& leaves, bool check_drift, bool tensors_only) -> py::tuple {
+            if (tensors_only) {  // the runner's fast path: flat positional tensors, else it flattens first
+              for (py::handle h : leaves) {
+                if (!THPVariable_Check(h.ptr())) return py::make_tuple(3);
+              }
+            }
             std::vector<at::Tensor> tensors;
             fg::Signature sig = signature_of(leaves, &tensors);
             fg::CallResult r = c.call(sig, tensors, check_drift);
@@ -270,12 +277,13 @@ void bind_graph(py::module_& m) {
             py::object outs = r.status == fg::LookupStatus::Replayed ? py::object(to_py_list(r.outputs)) : py::none();
             return py::make_tuple(static_cast<int>(r.status), outs, user, r.copied, r.skipped, r.drifted, r.failure);
           },
-          py::arg("leaves"), py::arg("check_drift") = false,
+          py::arg("leaves"), py::arg("check_drift") = false, py::arg("tensors_only") = false,
           "Replays the entry for these flat arguments: (status 0=replayed 1=miss 2=failed, outputs, user, "
-          "copied, skipped, drifted positions, failure reason).")
+          "copied, skipped, drifted positions, failure reason); with tensors_only, (3,) when a leaf is not a "
+          "tensor.")
       .def(
           "insert",
-          [](fg::GraphCache& c, const py::list& leaves, std::vector<at::Tensor> static_inputs,
+          [](fg::GraphCache& c, const py::sequence& leaves, std::vector<at::Tensor> static_inputs,
              std::shared_ptr<fg::Executable> exe, int64_t memory_bytes, py::object user) {
             std::vector<at::Tensor> tensors;
             fg::Signature sig = signature_of(leaves, &tensors);
@@ -285,13 +293,13 @@ void bind_graph(py::module_& m) {
           py::arg("leaves"), py::arg("static_inputs"), py::arg("executable"), py::arg("memory_bytes"),
           py::arg("user") = py::none(), "Adds an entry; returns the ids of the entries evicted.")
       .def("record_failure",
-           [](fg::GraphCache& c, const py::list& leaves, std::string reason) {
+           [](fg::GraphCache& c, const py::sequence& leaves, std::string reason) {
              c.record_failure(signature_of(leaves, nullptr), std::move(reason));
            })
-      .def("mismatch_error", [](fg::GraphCache& c, const py::list& leaves) {
+      .def("mismatch_error", [](fg::GraphCache& c, const py::sequence& leaves) {
         return c.mismatch_error(signature_of(leaves, nullptr));
       })
-      .def("describe_signature", [](const py::list& leaves) { return signature_of(leaves, nullptr).describe(); })
+      .def_static("describe_signature", [](const py::sequence& leaves) { return signature_of(leaves, nullptr).describe(); })
       .def("clear", &fg::GraphCache::clear)
       .def("__len__", &fg::GraphCache::size)
       .def("entry_ids", &fg::GraphCache::entry_ids)

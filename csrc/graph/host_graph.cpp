@@ -119,14 +119,19 @@ c10::IValue HostGraph::materialize(const ArgTemplate& a, const std::vector<c10::
   return {};
 }
 
-std::vector<c10::IValue> HostGraph::run(const std::vector<at::Tensor>& inputs) { return run_impl(inputs, nullptr); }
-
-std::vector<c10::IValue> HostGraph::run_timed(const std::vector<at::Tensor>& inputs, std::vector<double>* seconds) {
-  seconds->assign(instructions_.size(), 0.0);
-  return run_impl(inputs, seconds);
+std::vector<c10::IValue> HostGraph::run(const std::vector<at::Tensor>& inputs) {
+  return run_impl(inputs, nullptr, nullptr);
 }
 
-std::vector<c10::IValue> HostGraph::run_impl(const std::vector<at::Tensor>& inputs, std::vector<double>* seconds) {
+std::vector<c10::IValue> HostGraph::run_timed(const std::vector<at::Tensor>& inputs, std::vector<double>* seconds,
+                                              double* release_seconds) {
+  seconds->assign(instructions_.size(), 0.0);
+  *release_seconds = 0.0;
+  return run_impl(inputs, seconds, release_seconds);
+}
+
+std::vector<c10::IValue> HostGraph::run_impl(const std::vector<at::Tensor>& inputs, std::vector<double>* seconds,
+                                             double* release_seconds) {
   TORCH_CHECK(finalized_, "fusegraph host graph: run before finalize");
   TORCH_CHECK(static_cast<int32_t>(inputs.size()) == num_inputs_, "fusegraph host graph: expected ", num_inputs_,
               " tensor inputs, got ", inputs.size());
@@ -159,7 +164,13 @@ std::vector<c10::IValue> HostGraph::run_impl(const std::vector<at::Tensor>& inpu
     TORCH_CHECK(static_cast<int32_t>(stack.size()) == ins.num_outputs, "fusegraph host graph: ", ins.name,
                 " returned ", stack.size(), " values, its schema declares ", ins.num_outputs);
     for (int32_t r = 0; r < ins.num_outputs; ++r) slots[ins.first_output_slot + r] = std::move(stack[r]);
-    for (int32_t s : ins.release) slots[s] = c10::IValue();
+    if (seconds) {
+      auto t0 = std::chrono::steady_clock::now();
+      for (int32_t s : ins.release) slots[s] = c10::IValue();
+      *release_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    } else {
+      for (int32_t s : ins.release) slots[s] = c10::IValue();
+    }
   }
   std::vector<c10::IValue> outputs;
   outputs.reserve(outputs_.size());

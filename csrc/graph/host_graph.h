@@ -58,8 +58,10 @@ class HostGraph final : public Executable {
   void hold_constant(const at::Tensor& t);  // a tensor the graph keeps alive (frozen weights)
 
   std::vector<c10::IValue> run(const std::vector<at::Tensor>& inputs) override;
-  // run() that also measures each instruction's callBoxed (the op's own time, dispatcher included) in seconds
-  std::vector<c10::IValue> run_timed(const std::vector<at::Tensor>& inputs, std::vector<double>* seconds);
+  // run() that also measures each instruction's callBoxed (the op's own time, dispatcher included) and the
+  // time spent releasing dead values (tensor frees), in seconds
+  std::vector<c10::IValue> run_timed(const std::vector<at::Tensor>& inputs, std::vector<double>* seconds,
+                                     double* release_seconds);
   bool binds_inputs() const override { return true; }
   bool outputs_are_fresh() const override { return true; }
   bool needs_clone(const at::Tensor& t) const override;
@@ -69,7 +71,8 @@ class HostGraph final : public Executable {
   int32_t num_inputs() const { return num_inputs_; }
 
  private:
-  std::vector<c10::IValue> run_impl(const std::vector<at::Tensor>& inputs, std::vector<double>* seconds);
+  std::vector<c10::IValue> run_impl(const std::vector<at::Tensor>& inputs, std::vector<double>* seconds,
+                                    double* release_seconds);
   c10::IValue materialize(const ArgTemplate& a, const std::vector<c10::IValue>& slots) const;
   static const c10::IValue& deref(const ValueRef& r, const std::vector<c10::IValue>& slots, c10::IValue& scratch);
 

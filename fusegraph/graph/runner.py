@@ -42,7 +42,7 @@ from .options import GraphOptions
 
 _log = logging.getLogger("fusegraph.graph")
 
-_REPLAYED, _MISS, _FAILED = 0, 1, 2
+_REPLAYED, _MISS, _FAILED, _NOT_FLAT = 0, 1, 2, 3
 _SIMPLE = (torch.Tensor, int, float, bool, str, type(None))
 
 
@@ -75,43 +75,49 @@ class GraphRunner:
 
     # ---- calling ----
     def __call__(self, *args, **kwargs):
-        if not kwargs and all(type(a) is torch.Tensor for a in args):  # fast path: flat tensors
-            leaves, in_spec = list(args), None
-        else:
-            flat, in_spec = pytree.tree_flatten((args, kwargs))
-            leaves = flat + [_SpecKey(in_spec)]  # the argument structure is part of the signature
         debug = _log.isEnabledFor(logging.DEBUG)
         with self._lock:
-            status, outs, info, copied, skipped, drifted, failure = self._cache.call(leaves, debug)
-            if status == _REPLAYED:
-                self._count_replay(copied, skipped)
-                if drifted:
-                    self._warn_drift(drifted)
-                return outs[0] if info.out_spec is None else pytree.tree_unflatten(outs, info.out_spec)
-            if status == _FAILED:
-                with self.stats._lock:
-                    self.stats.eager_calls += 1
-                return self.fn(*args, **kwargs)
-            return self._capture_and_call(leaves, in_spec, args, kwargs)
+            if not kwargs:  # fast path: flat positional tensors go to C++ as they are
+                res = self._cache.call(args, debug, True)
+                if res[0] != _NOT_FLAT:
+                    return self._finish(res, args, None, args, kwargs)
+            flat, in_spec = pytree.tree_flatten((args, kwargs))
+            leaves = flat + [_SpecKey(in_spec)]  # the argument structure is part of the signature
+            return self._finish(self._cache.call(leaves, debug), leaves, in_spec, args, kwargs)
+
+    def _finish(self, res, leaves, in_spec, args, kwargs):
+        status, outs, info, copied, skipped, drifted, _ = res
+        if status == _REPLAYED:
+            s = self.stats
+            with s._lock:
+                s.replays += 1
+                s.inputs_copied += copied
+                s.inputs_skipped += skipped
+            if drifted:
+                self._warn_drift(drifted)
+            return outs[0] if info.out_spec is None else pytree.tree_unflatten(outs, info.out_spec)
+        if status == _FAILED:
+            with self.stats._lock:
+                self.stats.eager_calls += 1
+            return self.fn(*args, **kwargs)
+        return self._capture_and_call(leaves, in_spec, args, kwargs)
 
     def capture(self, *args, lazy: bool | None = None) -> bool:
         """Captures the signature of ``args`` now (compile-time capture). Returns False when it fell back."""
-        leaves = list(args) if all(type(a) is torch.Tensor for a in args) else None
-        if leaves is None:
+        if all(isinstance(a, torch.Tensor) for a in args):
+            leaves, in_spec = args, None
+        else:
             flat, in_spec = pytree.tree_flatten((args, {}))
             leaves = flat + [_SpecKey(in_spec)]
-        else:
-            in_spec = None
         with self._lock:
             return self._capture(leaves, in_spec, args, {}, lazy=lazy)
 
     def _capture_and_call(self, leaves, in_spec, args, kwargs):
         if not self._capture(leaves, in_spec, args, kwargs, lazy=None):
             return self.fn(*args, **kwargs)
-        status, outs, info, copied, skipped, _, _ = self._cache.call(leaves, False)
-        assert status == _REPLAYED, "fusegraph: an entry just inserted was not found"
-        self._count_replay(copied, skipped)
-        return outs[0] if info.out_spec is None else pytree.tree_unflatten(outs, info.out_spec)
+        res = self._cache.call(leaves, False)
+        assert res[0] == _REPLAYED, "fusegraph: an entry just inserted was not found"
+        return self._finish(res, leaves, in_spec, args, kwargs)
 
     def _capture(self, leaves, in_spec, args, kwargs, *, lazy) -> bool:
         o = self.options
@@ -186,13 +192,6 @@ class GraphRunner:
         return flat_fn, box
 
     # ---- bookkeeping ----
-    def _count_replay(self, copied, skipped):
-        s = self.stats
-        with s._lock:
-            s.replays += 1
-            s.inputs_copied += copied
-            s.inputs_skipped += skipped
-
     def _warn_drift(self, positions):
         _log.warning("fusegraph: %s: input(s) at position %s are not at the captured address; copy into the "
                      "static buffer to make this zero-copy", self.name, ", ".join(map(str, positions)))
