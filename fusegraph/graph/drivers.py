@@ -213,3 +213,12 @@ def select_driver(device_graph: str, device: torch.device):
     if kind == "npu":
         return (NpuDriver(), None) if npu_graph_available() else (None, "torch.npu.NPUGraph unavailable")
     return None, f"no device graph for device type {device.type!r}"
+
+
+def device_graph_available(device, config=None):
+    """(True, None) when a graph route can capture for ``device`` under ``config.device_graph``, else
+    (False, why). What the backend asks before choosing a graph route (SPEC §1.2)."""
+    from .options import GraphOptions
+
+    driver, why = select_driver(GraphOptions.from_config(config).device_graph, torch.device(device))
+    return (driver is not None), why

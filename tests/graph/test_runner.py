@@ -254,3 +254,15 @@ def test_a_function_mutating_its_input_mutates_it_once_per_call():
     torch.testing.assert_close(out, torch.full((3,), 2.0), rtol=0, atol=0)
     r(x)
     torch.testing.assert_close(x, torch.full((3,), 2.0), rtol=0, atol=0)
+
+
+def test_device_graph_available_for_the_backend(npu):
+    from fusegraph.graph import device_graph_available
+
+    assert device_graph_available("cpu", cfg()) == (True, None)
+    assert device_graph_available("cpu", cfg(device_graph="npu")) == (True, None)  # the stand-in
+    ok, why = device_graph_available("cpu", cfg(device_graph="none"))
+    assert not ok and "none" in why
+    if not torch.cuda.is_available():
+        ok, why = device_graph_available("cuda", cfg())
+        assert not ok and "CUDA" in why
