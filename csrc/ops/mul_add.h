@@ -4,6 +4,9 @@
 #include <c10/core/Scalar.h>
 
 #include <optional>
+#include <vector>
+
+#include "ops/cpu/dispatch.h"
 
 namespace fusegraph {
 
@@ -13,5 +16,15 @@ at::ScalarType check_mul_add_args(const at::Tensor& a, const at::Tensor& b, cons
                                   std::optional<at::ScalarType> out_dtype);
 at::ScalarType check_mul_add_scalar_args(const at::Tensor& a, const c10::Scalar& b, const at::Tensor& c,
                                          std::optional<at::ScalarType> out_dtype);
+
+// The output shape: the broadcast of the given shapes (call after the checks above, which reject shapes that
+// do not broadcast).
+std::vector<int64_t> mul_add_output_shape(at::IntArrayRef a, at::IntArrayRef b, at::IntArrayRef c);
+
+// out = a * b + c, b given either as a tensor (b != nullptr) or as the number b_value. a, b, c have any
+// strides and broadcast to out (contiguous, numel > 0); each may have any of float32 / bfloat16 / float16.
+using mul_add_fn = void (*)(const at::Tensor& a, const at::Tensor* b, float b_value, const at::Tensor& c,
+                            at::Tensor& out);
+FG_DECLARE_CPU_STUB(mul_add_stub, mul_add_fn);
 
 }  // namespace fusegraph

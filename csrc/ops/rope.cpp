@@ -1,0 +1,71 @@
+#include "ops/rope.h"
+
+#include <torch/library.h>
+
+#include "common/checks.h"
+#include "common/output.h"
+
+namespace fusegraph {
+
+FG_DEFINE_CPU_STUB(rope_stub, rope_fn);
+
+void broadcast_strides(const at::Tensor& t, at::IntArrayRef sizes, int64_t* strides_out) {
+  const int64_t rank = static_cast<int64_t>(sizes.size());
+  const int64_t offset = rank - t.dim();
+  for (int64_t d = 0; d < rank; ++d) {
+    const int64_t td = d - offset;
+    strides_out[d] = (td < 0 || t.size(td) == 1) ? 0 : t.stride(td);
+  }
+}
+
+void check_rope_args(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  check_float_tensor(x, "rope", "x");
+  check_float_tensor(cos, "rope", "cos");
+  check_float_tensor(sin, "rope", "sin");
+  check_same_device(x, "x", cos, "rope", "cos");
+  check_same_device(x, "x", sin, "rope", "sin");
+  TORCH_CHECK(x.dim() == 4, "fusegraph.rope: argument 'x' has shape ", x.sizes(), " (rank ", x.dim(),
+              "); expected rank 4, [B, S, H, D] or [B, H, S, D]");
+  const int64_t D = x.size(3);
+  TORCH_CHECK(D % 2 == 0, "fusegraph.rope: argument 'x' has shape ", x.sizes(), " with odd last dim D = ", D,
+              "; expected D even (rotation pairs)");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat || cos.scalar_type() == x.scalar_type(),
+              "fusegraph.rope: argument 'cos' has dtype ", cos.scalar_type(), "; expected float32 or x's dtype ",
+              x.scalar_type());
+  TORCH_CHECK(sin.scalar_type() == cos.scalar_type(), "fusegraph.rope: argument 'sin' has dtype ",
+              sin.scalar_type(), "; expected the dtype of 'cos', ", cos.scalar_type());
+  TORCH_CHECK(sin.sizes() == cos.sizes(), "fusegraph.rope: argument 'sin' has shape ", sin.sizes(),
+              "; expected the shape of 'cos', ", cos.sizes());
+  TORCH_CHECK(cos.dim() >= 1 && cos.dim() <= 4, "fusegraph.rope: argument 'cos' has shape ", cos.sizes(),
+              " (rank ", cos.dim(), "); expected rank 1 to 4, broadcastable to x ", x.sizes());
+  TORCH_CHECK(cos.size(-1) == D, "fusegraph.rope: argument 'cos' has shape ", cos.sizes(), " with last dim ",
+              cos.size(-1), "; expected x's last dim D = ", D);
+  const int64_t offset = 4 - cos.dim();
+  for (int64_t d = 0; d < cos.dim(); ++d) {
+    TORCH_CHECK(cos.size(d) == 1 || cos.size(d) == x.size(d + offset), "fusegraph.rope: argument 'cos' has shape ",
+                cos.sizes(), " which does not broadcast to x's shape ", x.sizes(), " (dim ", d, " is ", cos.size(d),
+                ", x has ", x.size(d + offset),
+                "); expected each dim 1 or x's size, e.g. [S, D], [1, S, 1, D], [1, 1, S, D] or [B, S, 1, D]");
+  }
+}
+
+namespace {
+
+at::Tensor rope_cpu(const at::Tensor& x_in, const at::Tensor& cos_in, const at::Tensor& sin_in, bool interleaved) {
+  check_rope_args(x_in, cos_in, sin_in);
+  at::Tensor out = new_output(x_in.sizes(), x_in.options());
+  if (out.numel() == 0) return out;
+  // Kernels need unit stride along D only; any other layout (transposed views, sliced tables) is read in place.
+  // A D-strided operand is compacted first: for cos/sin that copies the (small) unexpanded table only.
+  const at::Tensor x = x_in.stride(3) == 1 ? x_in : x_in.contiguous();
+  const at::Tensor cos = cos_in.stride(-1) == 1 ? cos_in : cos_in.contiguous();
+  const at::Tensor sin = sin_in.stride(-1) == 1 ? sin_in : sin_in.contiguous();
+  rope_stub.get("rope")(x, cos, sin, out, interleaved);
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fusegraph, CPU, m) { m.impl("rope", &rope_cpu); }
+
+}  // namespace fusegraph

@@ -1,0 +1,446 @@
+"""The torch.compile backend: route selection (SPEC §1.2), fusion, Inductor or fused aten ops, stats and logs.
+
+Data flow of the default route::
+
+    Dynamo FX graph -> aot_autograd (inference, functionalized, Inductor's decompositions)
+        -> redundant-node pass -> pattern families to a fixpoint (fusegraph.fusion.passes)
+        -> inductor=True:  Inductor codegen (the fusion runs as Inductor's post_grad_custom_pre_pass; freezing
+                           via Inductor's own ``freezing`` option)
+        -> inductor=False: the fused aten graph runs as is (freezing via torch._inductor.freezing.freeze)
+
+The graph routes (graph_only / graph_with_compile) hand the (fused) aten graph to ``fusegraph.graph``'s
+GraphRunner when a device graph is available; otherwise the default route runs and the reason is logged
+once and counted in ``stats.fallbacks``.
+"""
+from __future__ import annotations
+
+import collections
+import copy
+import functools
+import hashlib
+import itertools
+import logging
+import threading
+import time
+from typing import Optional
+
+import torch
+
+from .config import CompilationConfig
+from .fusion import passes
+from .stats import PATTERN_NAMES, Stats
+
+log = logging.getLogger("fusegraph")
+
+_logged_reasons: set = set()
+_logged_lock = threading.Lock()
+
+
+def _log_once(reason: str) -> None:
+    with _logged_lock:
+        if reason in _logged_reasons:
+            return
+        _logged_reasons.add(reason)
+    log.warning("fusegraph: %s; running the default route", reason)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Graph runtime (fusegraph.graph, built on another branch): the only place the backend touches it.
+
+
+def _graph_runtime():
+    """The graph runtime module, or (None, why) when it cannot be used here."""
+    import importlib
+
+    try:
+        runtime = importlib.import_module(f"{__package__}.graph")
+    except ImportError as e:
+        return None, f"graph runtime not available ({e})"
+    if not hasattr(runtime, "GraphRunner"):
+        return None, "graph runtime not available (fusegraph.graph has no GraphRunner)"
+    return runtime, None
+
+
+def _input_device(example_inputs) -> torch.device:
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor):
+            return x.device
+    return torch.device("cpu")
+
+
+def _device_graph_available(example_inputs, config) -> tuple[bool, Optional[str]]:
+    """SPEC §1.2: CUDA when torch.cuda.is_available(); NPU when torch.npu.NPUGraph and torch.npu.graph exist;
+    host graph on CPU whenever the C++ extension (and the graph runtime) is loaded."""
+    runtime, why = _graph_runtime()
+    if runtime is None:
+        return False, why
+    if config.device_graph == "none":
+        return False, "device_graph='none'"
+    if hasattr(runtime, "device_graph_available"):  # the runtime knows best
+        return runtime.device_graph_available(_input_device(example_inputs), config)
+    kind = config.device_graph if config.device_graph != "auto" else _input_device(example_inputs).type
+    if kind == "cuda" and not torch.cuda.is_available():
+        return False, "device_graph 'cuda' but torch.cuda.is_available() is False"
+    if kind == "npu" and not (hasattr(torch, "npu") and hasattr(torch.npu, "NPUGraph") and hasattr(torch.npu, "graph")):
+        return False, "device_graph 'npu' but torch.npu.NPUGraph / torch.npu.graph are missing"
+    return True, None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Inductor's custom pass: fusion inside compile_fx, keyed for Inductor's caches by the enabled patterns.
+
+try:
+    from torch._inductor.custom_graph_pass import CustomInferenceAwareGraphPass as _PassBase
+    _INFERENCE_AWARE = True
+except ImportError:  # older torch
+    from torch._inductor.custom_graph_pass import CustomGraphPass as _PassBase
+    _INFERENCE_AWARE = False
+
+
+@functools.lru_cache(maxsize=None)
+def _source_hash() -> str:
+    from torch._inductor.custom_graph_pass import get_hash_for_files
+    import fusegraph.fusion.patterns as pkg
+    import os
+
+    folder = os.path.dirname(pkg.__file__)
+    files = [os.path.join(folder, f) for f in sorted(os.listdir(folder)) if f.endswith(".py")]
+    files.append(passes.__file__)
+    return get_hash_for_files(tuple(files)).hex()
+
+
+class _FusionPass(_PassBase):
+    """Runs fusegraph's passes on Inductor's post-grad graph (inference graphs only)."""
+
+    def __init__(self, backend: "Backend", job: "_CompileJob"):
+        self.backend = backend
+        self.job = job
+
+    def __call__(self, graph: torch.fx.Graph, is_inference: bool = True) -> None:
+        if not is_inference:
+            self.job.note_fallback("autograd graph: fusion skipped (fused ops have no backward)")
+            return
+        self.job.fuse(graph)
+
+    def uuid(self):
+        fp = self.backend.config.fusion_patterns
+        opts = tuple(sorted(fp.as_dict().items()))
+        return hashlib.sha256(repr((_source_hash(), opts)).encode()).hexdigest()
+
+    def __deepcopy__(self, memo):  # Inductor may deep-copy its config; the pass is stateless as far as it is concerned
+        return self
+
+
+class _CompileJob:
+    """One compiled graph: its counts, its log, its route."""
+
+    def __init__(self, backend: "Backend", graph_id: int):
+        self.backend = backend
+        self.graph_id = graph_id
+        self.counts: Optional[dict] = None
+        self.fusing = True
+        self.fallbacks: list = []
+        self.glog = passes.GraphLog(backend._log_dir, f"graph{graph_id:03d}")
+
+    def fuse(self, graph_or_gm) -> None:
+        counts = passes.fuse_graph(graph_or_gm, self.backend.config, stats=self.backend.stats, graph_log=self.glog)
+        if self.counts is None:
+            self.counts = counts
+        else:
+            for k, v in counts.items():
+                self.counts[k] += v
+        self.record_ops(graph_or_gm)
+
+    def record_ops(self, graph_or_gm) -> None:
+        """What the backend hands on: op name -> count in the final graph (``Backend.last_graph_ops``)."""
+        graph = graph_or_gm.graph if isinstance(graph_or_gm, torch.fx.GraphModule) else graph_or_gm
+        self.backend.last_graph_ops = collections.Counter(
+            str(n.target) if n.op == "call_function" else n.op for n in graph.nodes
+            if n.op in ("call_function", "get_attr", "placeholder"))
+
+    def note_fallback(self, reason: str) -> None:
+        self.fallbacks.append(reason)
+        self.backend._fallback(reason)
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+
+class Backend:
+    """A ``torch.compile`` backend: ``torch.compile(model, backend=fusegraph.Backend(config))``.
+
+    The config (a CompilationConfig, a dict of overrides, or None for the process defaults) is snapshotted
+    here; ``stats`` accumulates over every graph this backend compiles.
+    """
+
+    def __init__(self, config: Optional[CompilationConfig] = None):
+        if config is None:
+            config = CompilationConfig()
+        elif isinstance(config, dict):
+            config = CompilationConfig(**config)
+        elif not isinstance(config, CompilationConfig):
+            raise TypeError(f"config must be a CompilationConfig, a dict of overrides or None, "
+                            f"got {type(config).__name__}")
+        self.config = copy.deepcopy(config)
+        self.stats = Stats()
+        self._log_dir = passes.prepare_log_dir(self.config.graph_log_url)
+        self._ids = itertools.count()
+        self.last_route: Optional[str] = None
+        # The last compiled graph as handed on (after fusion; freezing too on the aten route): op name -> count.
+        # Op names are str(target), e.g. "fusegraph.gelu_tanh.default", "aten.tanh.default"; plus "get_attr".
+        self.last_graph_ops: collections.Counter = collections.Counter()
+
+    # route selection (SPEC §1.2)
+    def select_route(self, example_inputs) -> tuple[str, Optional[str]]:
+        """('graph_with_compile' | 'graph_only' | 'default', why the wanted graph route is unavailable)."""
+        cfg = self.config
+        wanted = "graph_with_compile" if cfg.graph_with_compile else "graph_only" if cfg.graph_only else None
+        if wanted is None:
+            return "default", None
+        ok, why = _device_graph_available(example_inputs, cfg)
+        if ok:
+            return wanted, None
+        return "default", f"{wanted} requested but {why}"
+
+    def _fallback(self, reason: str) -> None:
+        self.stats.add_fallback(reason)
+        _log_once(reason)
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs):
+        t0 = time.perf_counter()
+        job = _CompileJob(self, next(self._ids))
+        route, why = self.select_route(example_inputs)
+        if why:
+            job.note_fallback(why)
+        self.last_route = route
+        job.fusing = route != "graph_only"
+        captured_before, seconds_before = self.stats.graphs_captured, self.stats.capture_seconds
+        keep = None
+        if route == "default" and self.config.enable_freezing and not torch.is_grad_enabled():
+            gm, keep = _parameters_to_attributes(gm, example_inputs)
+            if keep is not None:
+                example_inputs = [example_inputs[i] for i in keep]
+        if route == "default" and self.config.inductor:
+            compiled = self._compile_inductor(gm, example_inputs, job)
+        else:
+            compiled = self._compile_aten(gm, example_inputs, job, route)
+        if keep is not None:
+            compiled = _pass_kept_args(compiled, keep)
+        seconds = time.perf_counter() - t0
+        with self.stats._lock:
+            self.stats.graphs_compiled += 1
+            self.stats.compile_seconds += seconds
+        log.info(self._summary(job, self.stats.graphs_captured - captured_before,
+                               self.stats.capture_seconds - seconds_before))
+        log.debug("fusegraph: graph %d compiled in %.2f s on the %s route (%s)", job.graph_id, seconds, route,
+                  "Inductor" if route == "default" and self.config.inductor else "aten graph")
+        return compiled
+
+    # default route, inductor=True
+    def _compile_inductor(self, gm, example_inputs, job):
+        from torch._inductor.compile_fx import compile_fx
+
+        fusion_pass = _FusionPass(self, job)
+        patches = {"post_grad_custom_pre_pass": fusion_pass, "freezing": self.config.enable_freezing}
+        compiled = compile_fx(gm, example_inputs, config_patches=patches)
+        # Inductor's caches skip the custom pass on a hit: the counts then come from when the graph was fused.
+        key = _counts_key(gm, example_inputs, fusion_pass.uuid(), self.config.enable_freezing)
+        if job.counts is not None:
+            _store_counts(key, job.counts)
+        else:
+            counts = _load_counts(key)
+            if counts is not None:
+                job.counts = counts
+                self.stats.add_patterns(counts)
+        return compiled
+
+    # default route with inductor=False, and the graph routes: an aten graph, fused or not, run or captured
+    def _compile_aten(self, gm, example_inputs, job, route):
+        from torch._dynamo.backends.common import aot_autograd
+        from torch._inductor.decomposition import select_decomp_table
+        from functorch.compile import make_boxed_func
+
+        fuse = route != "graph_only"
+
+        def plain(aot_gm, aot_inputs):
+            if fuse:
+                job.note_fallback("autograd graph: fusion skipped (fused ops have no backward)")
+            return make_boxed_func(aot_gm.forward)
+
+        def inference(aot_gm, aot_inputs):
+            if fuse:
+                job.fuse(aot_gm)
+            else:
+                job.record_ops(aot_gm)
+            if route != "default":
+                return self._capture(aot_gm, list(aot_inputs))
+            if self.config.enable_freezing and not torch.is_grad_enabled():
+                frozen, keep = self._freeze(gm, aot_gm, aot_inputs)
+                if keep is not None:
+                    job.record_ops(frozen)
+                    return _drop_frozen_args(frozen, keep)
+            return make_boxed_func(aot_gm.forward)
+
+        backend = aot_autograd(fw_compiler=plain, inference_compiler=inference,
+                               decompositions=select_decomp_table())
+        # A tracing context, as compile_fx sets up: aot_autograd records the parameters in it, freezing reads them.
+        from torch._guards import TracingContext, detect_fake_mode, tracing
+
+        context = TracingContext.try_get()
+        if context is None:
+            fake_mode = detect_fake_mode(example_inputs) or torch._subclasses.FakeTensorMode(allow_non_fake_inputs=True)
+            context = TracingContext(fake_mode)
+        with tracing(context):
+            return backend(gm, example_inputs)
+
+    def _freeze(self, dynamo_gm, aot_gm, aot_inputs):
+        """Parameters folded into constants (torch._inductor.freezing.freeze); (gm, kept arg indices)."""
+        from torch._inductor.freezing import freeze
+
+        try:
+            frozen, keep = freeze(dynamo_gm, aot_gm, list(aot_inputs))
+        except Exception as e:  # freezing is an optimisation: never fail a compile over it
+            self._fallback(f"freezing failed ({type(e).__name__}: {e}); running unfrozen")
+            return aot_gm, None
+        return frozen, keep
+
+    def _capture(self, fn, example_inputs):
+        """Hands a graph to the graph runtime (GraphRunner); the one place the routes meet it."""
+        runtime, _ = _graph_runtime()
+        return runtime.GraphRunner(fn, config=self.config, stats=self.stats)
+
+    def _summary(self, job, captured: int, capture_seconds: float) -> str:
+        """The SPEC §1.3 line; '?' for a count Inductor served from its cache before fusegraph saw the graph."""
+        counts = job.counts or {}
+        unknown = job.counts is None and job.fusing
+        fused = " ".join(f"{name}×{'?' if unknown else counts.get(name, 0)}" for name in PATTERN_NAMES)
+        return (f"fusegraph: fused {fused}; captured {captured} graph{'' if captured == 1 else 's'} "
+                f"({capture_seconds:.2f} s, {self.stats.graph_memory_bytes / 2**20:.1f} MiB)")
+
+
+def _counts_key(gm, example_inputs, pass_uuid, freezing) -> str:
+    """Identifies one Inductor compile of a Dynamo graph as far as fusion is concerned."""
+    inputs = [(tuple(x.shape), tuple(x.stride()), str(x.dtype), x.device.type, x.requires_grad)
+              if isinstance(x, torch.Tensor) else repr(x) for x in example_inputs]
+    text = repr((gm.code, inputs, pass_uuid, freezing, torch.is_grad_enabled(), torch.__version__))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _counts_path(key: str) -> str:
+    import os
+
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return os.path.join(cache_dir(), "fusegraph_counts", key + ".json")
+
+
+_counts_memo: dict = {}
+
+
+def _store_counts(key: str, counts: dict) -> None:
+    import json
+    import os
+
+    _counts_memo[key] = dict(counts)
+    try:
+        path = _counts_path(key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(counts, f)
+        os.replace(tmp, path)
+    except OSError:  # counts are a report, never worth failing a compile
+        pass
+
+
+def _load_counts(key: str) -> Optional[dict]:
+    import json
+
+    if key in _counts_memo:
+        return dict(_counts_memo[key])
+    try:
+        with open(_counts_path(key)) as f:
+            return {k: int(v) for k, v in json.load(f).items()}
+    except (OSError, ValueError):
+        return None
+
+
+def _parameters_to_attributes(gm: torch.fx.GraphModule, example_inputs):
+    """Freezing, step one. Dynamo hands parameters over as graph inputs unless torch._inductor.config.freezing was
+    set globally when it traced; this makes the inputs that are nn.Parameters attributes of a copy of the graph
+    module (the layout Inductor's freezing expects), so freezing follows this Backend's own config.
+    Returns (new module, indices of the inputs that stay inputs), or (gm, None) when there is nothing to freeze."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(example_inputs):
+        return gm, None
+    params = {}
+    for i, node in enumerate(placeholders):
+        grapharg = node.meta.get("grapharg")
+        try:
+            real = grapharg.example if grapharg is not None else None
+        except Exception:  # an expired weak reference: leave the input alone
+            real = None
+        if isinstance(real, torch.nn.Parameter):
+            params[i] = (real, grapharg.source)
+    if not params:
+        return gm, None
+    graph = torch.fx.Graph()
+    out = graph.graph_copy(gm.graph, val_map := {})
+    graph.output(out)
+    for old_node, new_node in val_map.items():  # Dynamo's per-node annotations aot_autograd reads
+        if hasattr(old_node, "_dynamo_source"):
+            new_node._dynamo_source = old_node._dynamo_source
+    new = torch.fx.GraphModule(gm, graph)
+    new.meta = dict(getattr(gm, "meta", {}))
+    name_to_source = dict(getattr(gm, "_param_name_to_source", None) or {})
+    keep = []
+    for i, node in enumerate(placeholders):
+        if i not in params:
+            keep.append(i)
+            continue
+        real, source = params[i]
+        name = f"_fusegraph_frozen_param_{i}"
+        setattr(new, name, real)
+        name_to_source[name] = source  # aot_autograd maps module attributes to their sources
+        copy_node = val_map[node]
+        with graph.inserting_before(copy_node):
+            attr = graph.get_attr(name)
+        attr.meta.update(copy_node.meta)
+        attr.meta.pop("grapharg", None)
+        copy_node.replace_all_uses_with(attr)
+        graph.erase_node(copy_node)
+    new._param_name_to_source = name_to_source
+    new.recompile()
+    return new, keep
+
+
+def _pass_kept_args(compiled, keep):
+    """Callers still pass every original input; the frozen graph takes only those that stayed inputs."""
+
+    def run(*args):
+        return compiled(*[args[i] for i in keep])
+
+    return run
+
+
+def _drop_frozen_args(gm, keep):
+    """A boxed callable that passes on only the arguments freezing kept (parameters became constants)."""
+
+    def run(args):
+        kept = [args[i] for i in keep]
+        args.clear()
+        return gm(*kept)
+
+    run._boxed_call = True
+    return run
+
+
+def fusegraph_backend(gm, example_inputs):
+    """Backend by name (``torch.compile(backend="fusegraph")``): a Backend with the process defaults as they are
+    at this compile. Its counters add up in ``fusegraph_backend.stats``."""
+    backend = Backend()
+    backend.stats = fusegraph_backend.stats
+    return backend(gm, example_inputs)
+
+
+fusegraph_backend.stats = Stats()

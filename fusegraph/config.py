@@ -1,0 +1,229 @@
+"""Compilation settings (SPEC §1.1).
+
+Class attributes are the process-wide defaults, seed style::
+
+    CompilationConfig.graph_with_compile = True           # or its seed alias aclgraph_with_compile
+    CompilationConfig.fusion_patterns.enable_rope = False
+
+An instance ``CompilationConfig(**overrides)`` copies the defaults at construction and applies its
+overrides; a ``Backend`` snapshots (deep-copies) its config, so later changes never half-apply to it.
+Every write, on the class or on an instance, is validated: unknown names raise ``ValueError``,
+ill-typed values ``TypeError`` and out-of-range values ``ValueError``, each naming the field.
+"""
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any, Callable
+
+
+class _Field:
+    """One setting: default, validator and docstring. Reads come from the class's defaults dict
+    (class access) or the instance's values dict (instance access)."""
+
+    def __init__(self, default: Any, check: Callable[[str, Any], Any], doc: str):
+        self.default = default
+        self.check = check
+        self.__doc__ = doc
+        self.name = "?"
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, obj, owner):
+        if obj is None:
+            return owner._defaults[self.name]
+        return obj._values[self.name]
+
+
+def _bool(name, v):
+    if not isinstance(v, bool):
+        raise TypeError(f"{name} must be a bool, got {v!r} ({type(v).__name__})")
+    return v
+
+
+def _nonneg_int(name, v):
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"{name} must be an int, got {v!r} ({type(v).__name__})")
+    if v < 0:
+        raise ValueError(f"{name} must be >= 0, got {v}")
+    return v
+
+
+def _choice(*choices):
+    def check(name, v):
+        if not isinstance(v, str):
+            raise TypeError(f"{name} must be one of {choices}, got {v!r} ({type(v).__name__})")
+        if v not in choices:
+            raise ValueError(f"{name} must be one of {choices}, got {v!r}")
+        return v
+
+    return check
+
+
+def _optional_path(name, v):
+    if v is None:
+        return None
+    if not isinstance(v, (str, os.PathLike)):
+        raise TypeError(f"{name} must be None or a directory path, got {v!r} ({type(v).__name__})")
+    if str(v) == "":
+        raise ValueError(f"{name} must be None or a non-empty directory path, got ''")
+    return os.fspath(v)
+
+
+class _ConfigMeta(type):
+    """Validates class-level writes (process defaults) and resolves seed aliases on the class."""
+
+    def __init__(cls, name, bases, ns):
+        super().__init__(name, bases, ns)
+        cls._fields = {k: v for k, v in ns.items() if isinstance(v, _Field)}
+        cls._defaults = {k: f.default for k, f in cls._fields.items()}
+
+    def _resolve(cls, name: str) -> str:
+        name = cls._aliases.get(name, name)
+        if name not in cls._fields:
+            raise ValueError(f"unknown {cls.__name__} field {name!r}; known fields: {', '.join(sorted(cls._fields))}"
+                             + (f"; aliases: {', '.join(sorted(cls._aliases))}" if cls._aliases else ""))
+        return name
+
+    def __getattr__(cls, name):  # only called when normal lookup fails: aliases
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(cls, cls._resolve(name))
+
+    def __setattr__(cls, name, value):
+        if name.startswith("_"):
+            return super().__setattr__(name, value)
+        name = cls._resolve(name)
+        cls._defaults[name] = cls._convert(name, value, defaults=True)
+
+    def __delattr__(cls, name):
+        raise AttributeError(f"{cls.__name__} fields cannot be deleted ({name!r})")
+
+
+class _ConfigBase(metaclass=_ConfigMeta):
+    _aliases: dict = {}
+
+    def __init__(self, **overrides):
+        object.__setattr__(self, "_values", {k: copy.deepcopy(v) for k, v in type(self)._defaults.items()})
+        for name, value in overrides.items():
+            setattr(self, name, value)
+
+    @classmethod
+    def _convert(cls, name, value, defaults=False):
+        return cls._fields[name].check(name, value)
+
+    def __getattr__(self, name):  # aliases only; fields are descriptors
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self, type(self)._resolve(name))
+
+    def __setattr__(self, name, value):
+        name = type(self)._resolve(name)
+        self._values[name] = type(self)._convert(name, value)
+
+    def as_dict(self) -> dict:
+        return {k: (v.as_dict() if isinstance(v, _ConfigBase) else v) for k, v in self._values.items()}
+
+    def __eq__(self, other):
+        return type(self) is type(other) and self.as_dict() == other.as_dict()
+
+    def __repr__(self):
+        body = ", ".join(f"{k}={v!r}" for k, v in self._values.items())
+        return f"{type(self).__name__}({body})"
+
+    def __deepcopy__(self, memo):
+        new = object.__new__(type(self))
+        object.__setattr__(new, "_values", copy.deepcopy(self._values, memo))
+        return new
+
+
+class FusionPatterns(_ConfigBase):
+    """Which fusion pattern families run (SPEC §3). Class attributes are the process defaults."""
+
+    enable_rms_norm = _Field(True, _bool, "Fuse RMSNorm forms (torch.nn.RMSNorm / F.rms_norm, diffusers RMSNorm, "
+                                          "Wan's across-heads RMSNorm) into fusegraph.rms_norm.")
+    enable_rope = _Field(True, _bool, "Fuse rotary embeddings (diffusers apply_rotary_emb, Wan's RoPE) into "
+                                      "fusegraph.rope.")
+    enable_adalayernorm = _Field(True, _bool, "Fuse adaptive LayerNorm modulation layer_norm(x)*(1+scale)+shift "
+                                              "into fusegraph.adaln.")
+    enable_fast_gelu = _Field(True, _bool, "Fuse tanh-GELU (gelu(x, approximate='tanh')) into one kernel.")
+    enable_mul_add = _Field(True, _bool, "Fuse a*b+c (gated residuals, x*scalar+y) into fusegraph.mul_add.")
+    gelu_approximation = _Field("tanh", _choice("tanh", "sigmoid"),
+                                "'tanh': tanh-GELU becomes fusegraph.gelu_tanh (exact); 'sigmoid': "
+                                "fusegraph.fast_gelu x*sigmoid(1.702x), the NPU fast-gelu (up to 0.02 "
+                                "different; opt-in only).")
+
+    def enabled_families(self) -> tuple:
+        """Pattern families switched on, in pass order."""
+        flags = {"adaln": self.enable_adalayernorm, "rope": self.enable_rope, "rms_norm": self.enable_rms_norm,
+                 "gelu": self.enable_fast_gelu, "mul_add": self.enable_mul_add}
+        return tuple(name for name, on in flags.items() if on)
+
+
+def _fusion_patterns(name, v):
+    if isinstance(v, FusionPatterns):
+        return copy.deepcopy(v)
+    if isinstance(v, dict):
+        fp = FusionPatterns()
+        for k, x in v.items():
+            try:
+                setattr(fp, k, x)
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"{name}: {e}") from None
+        return fp
+    raise TypeError(f"{name} must be a FusionPatterns or a dict of its fields, got {v!r} ({type(v).__name__})")
+
+
+class CompilationConfig(_ConfigBase):
+    """Settings of one fusegraph ``Backend``; class attributes are the process-wide defaults."""
+
+    _aliases = {"aclgraph_only": "graph_only", "aclgraph_with_compile": "graph_with_compile",
+                "aclgraph_lazy_capture": "graph_lazy_capture", "aclgraph_max_entries": "graph_max_entries"}
+
+    graph_only = _Field(False, _bool, "Skip fusion; capture the graph as traced into a device graph.")
+    graph_with_compile = _Field(False, _bool, "Fusion first, then capture (wins when graph_only is set too).")
+    graph_lazy_capture = _Field(False, _bool, "Capture at the first real call (static inputs share the caller's "
+                                              "storage); False: capture at compile time on detach().clone() "
+                                              "buffers.")
+    graph_max_entries = _Field(0, _nonneg_int, ">0: at most this many graphs per compiled function; the oldest "
+                                               "is evicted.")
+    graph_eviction = _Field("fifo", _choice("fifo", "lru"), "Which graph to evict first: 'fifo' or 'lru'.")
+    graph_memory_budget = _Field(0, _nonneg_int, "Bytes; >0: evict until the graphs' measured memory fits.")
+    graph_recapture = _Field(True, _bool, "A new input signature captures a new graph; False: raise RuntimeError "
+                                          "on an input mismatch.")
+    graph_warmup_runs = _Field(1, _nonneg_int, "Eager runs before a capture (JIT/autotuning outside the capture).")
+    graph_fallback = _Field("eager", _choice("eager", "raise"), "When a capture fails: 'eager' runs that signature "
+                                                                "uncaptured and records why; 'raise' re-raises.")
+    device_graph = _Field("auto", _choice("auto", "cuda", "npu", "host", "none"),
+                          "Device graph kind: 'auto' (the inputs' device), 'cuda', 'npu', 'host' or 'none'.")
+    safe_output_mode = _Field(True, _bool, "Replay returns clones; False returns the graph's own output buffers "
+                                           "(overwritten by the next replay).")
+    enable_freezing = _Field(True, _bool, "Fold parameters into constants before compiling (inference only: "
+                                          "applies when autograd is off).")
+    inductor = _Field(True, _bool, "Default route: hand the fused graph to Inductor's codegen; False: run it as "
+                                   "fused aten ops (fast compile, the seed's behaviour).")
+    graph_log_url = _Field(None, _optional_path, "A directory: each pass writes the graph before and after it "
+                                                 "there, as readable text.")
+    fusion_patterns = _Field(None, _fusion_patterns, "Which fusion pattern families run (FusionPatterns).")
+
+    def __init__(self, **overrides):
+        super().__init__()
+        self._values["fusion_patterns"] = FusionPatterns()  # a fresh copy of FusionPatterns' process defaults
+        for name, value in overrides.items():
+            setattr(self, name, value)
+
+    @classmethod
+    def _convert(cls, name, value, defaults=False):
+        if name == "fusion_patterns" and defaults:
+            # Class level: CompilationConfig.fusion_patterns = {...} updates FusionPatterns' defaults.
+            new = _fusion_patterns(name, value)
+            for k, v in new._values.items():
+                setattr(FusionPatterns, k, v)
+            return None
+        return super()._convert(name, value, defaults)
+
+
+# Class level, fusion_patterns is FusionPatterns itself (so CompilationConfig.fusion_patterns.enable_rope = False
+# sets a process default); an instance gets its own FusionPatterns copied at construction.
+CompilationConfig._defaults["fusion_patterns"] = FusionPatterns

@@ -1,0 +1,95 @@
+// fusegraph::rope through the dispatcher (and each CPU capability's kernel directly) against ATen compositions.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <gtest/gtest.h>
+
+#include "ops/cpu/dispatch.h"
+#include "ops/rope.h"
+
+namespace {
+
+at::Tensor rope_op(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool interleaved) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("fusegraph::rope", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, bool)>();
+  return op.call(x, cos, sin, interleaved);
+}
+
+// diffusers' apply_rotary_emb(use_real=True) in ATen ops, in float64.
+at::Tensor reference(const at::Tensor& x_in, const at::Tensor& cos, const at::Tensor& sin, bool interleaved) {
+  const at::Tensor x = x_in.to(at::kDouble);
+  at::Tensor rotated;
+  if (interleaved) {
+    auto pairs = x.reshape({x.size(0), x.size(1), x.size(2), -1, 2}).unbind(-1);
+    rotated = at::stack({-pairs[1], pairs[0]}, -1).flatten(3);
+  } else {
+    auto halves = x.reshape({x.size(0), x.size(1), x.size(2), 2, -1}).unbind(-2);
+    rotated = at::cat({-halves[1], halves[0]}, -1);
+  }
+  return x * cos.to(at::kDouble) + rotated * sin.to(at::kDouble);
+}
+
+void expect_close(const at::Tensor& out, const at::Tensor& ref64, double tol) {
+  ASSERT_EQ(out.sizes(), ref64.sizes());
+  EXPECT_TRUE(at::allclose(out.to(at::kDouble), ref64.to(out.scalar_type()).to(at::kDouble), tol, tol))
+      << "max error " << (out.to(at::kDouble) - ref64).abs().max().item<double>();
+}
+
+TEST(Rope, MatchesAtenCompositionForEveryDtypeAndMode) {
+  for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    for (bool interleaved : {true, false}) {
+      const at::Tensor x = at::randn({2, 7, 3, 38}).to(dtype);  // [B,S,H,D]
+      const at::Tensor cos = at::randn({1, 7, 1, 38}), sin = at::randn({1, 7, 1, 38});
+      const at::Tensor out = rope_op(x, cos, sin, interleaved);
+      EXPECT_EQ(out.scalar_type(), dtype);
+      EXPECT_TRUE(out.is_contiguous());
+      expect_close(out, reference(x, cos, sin, interleaved), dtype == at::kFloat ? 1e-5 : 1.6e-2);
+    }
+  }
+}
+
+TEST(Rope, TransposedXAndSlicedTable) {
+  const at::Tensor x = at::randn({2, 9, 4, 16}).transpose(1, 2);  // [B,H,S,D] view
+  const at::Tensor table = at::randn({20, 32});
+  const at::Tensor cos = table.slice(0, 3, 12).slice(1, 0, 16), sin = table.slice(0, 5, 14).slice(1, 16, 32);
+  expect_close(rope_op(x, cos, sin, false), reference(x, cos, sin, false), 1e-5);
+}
+
+TEST(Rope, EveryCapabilityKernelAgrees) {
+  const at::Tensor x = at::randn({1, 5, 3, 70}).to(at::kBFloat16);
+  const at::Tensor cos = at::randn({5, 1, 70}), sin = at::randn({5, 1, 70});
+  for (int c = 0; c < static_cast<int>(fusegraph::cpu::Capability::NUM); ++c) {
+    ASSERT_NE(fusegraph::rope_stub.table[c], nullptr) << "capability " << c;
+    for (bool interleaved : {true, false}) {
+      at::Tensor out = at::full(x.sizes(), NAN, x.options());
+      fusegraph::rope_stub.table[c](x, cos, sin, out, interleaved);
+      expect_close(out, reference(x, cos, sin, interleaved), 1.6e-2);
+    }
+  }
+}
+
+TEST(Rope, ChecksNameTheArgument) {
+  const at::Tensor x = at::randn({2, 3, 4, 8});
+  const at::Tensor ok = at::randn({3, 1, 8});
+  auto message = [](auto fn) {
+    try {
+      fn();
+    } catch (const c10::Error& e) {
+      return std::string(e.what_without_backtrace());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NO_THROW(fusegraph::check_rope_args(x, ok, ok));
+  EXPECT_NE(message([&] { fusegraph::check_rope_args(x.select(0, 0), ok, ok); }).find("argument 'x' has shape [3, 4, 8] (rank 3)"),
+            std::string::npos);
+  EXPECT_NE(message([&] { fusegraph::check_rope_args(at::randn({2, 3, 4, 7}), ok, ok); }).find("odd last dim D = 7"),
+            std::string::npos);
+  EXPECT_NE(message([&] { fusegraph::check_rope_args(x, at::randn({3, 8}), at::randn({3, 8})); })
+                .find("argument 'cos' has shape [3, 8] which does not broadcast"),
+            std::string::npos);
+  const at::Tensor meta = at::empty({3, 1, 8}, at::TensorOptions().device(at::kMeta));
+  EXPECT_NE(message([&] { fusegraph::check_rope_args(x, ok, meta); }).find("argument 'sin' is on meta but 'x' is on cpu"),
+            std::string::npos);
+}
+
+}  // namespace

@@ -1,0 +1,142 @@
+"""CompilationConfig (SPEC §1.1): seed-style class defaults, instance overrides, aliases, validation, snapshot."""
+import copy
+
+import pytest
+
+from fusegraph import Backend, CompilationConfig, FusionPatterns
+
+
+@pytest.fixture(autouse=True)
+def _restore_defaults():
+    """Tests change process-wide defaults; put them back."""
+    saved = copy.deepcopy(CompilationConfig._defaults), copy.deepcopy(FusionPatterns._defaults)
+    saved[0]["fusion_patterns"] = FusionPatterns
+    yield
+    CompilationConfig._defaults.clear()
+    CompilationConfig._defaults.update(saved[0])
+    FusionPatterns._defaults.clear()
+    FusionPatterns._defaults.update(saved[1])
+
+
+SPEC_DEFAULTS = dict(graph_only=False, graph_with_compile=False, graph_lazy_capture=False, graph_max_entries=0,
+                     graph_eviction="fifo", graph_memory_budget=0, graph_recapture=True, graph_warmup_runs=1,
+                     graph_fallback="eager", device_graph="auto", safe_output_mode=True, enable_freezing=True,
+                     inductor=True, graph_log_url=None)
+SPEC_PATTERN_DEFAULTS = dict(enable_rms_norm=True, enable_rope=True, enable_adalayernorm=True, enable_fast_gelu=True,
+                             enable_mul_add=True, gelu_approximation="tanh")
+ALIASES = dict(aclgraph_only="graph_only", aclgraph_with_compile="graph_with_compile",
+               aclgraph_lazy_capture="graph_lazy_capture", aclgraph_max_entries="graph_max_entries")
+
+
+def test_defaults_match_spec_on_class_and_instance():
+    cfg = CompilationConfig()
+    for name, value in SPEC_DEFAULTS.items():
+        assert getattr(CompilationConfig, name) == value, name
+        assert getattr(cfg, name) == value, name
+    for name, value in SPEC_PATTERN_DEFAULTS.items():
+        assert getattr(CompilationConfig.fusion_patterns, name) == value, name
+        assert getattr(cfg.fusion_patterns, name) == value, name
+
+
+def test_seed_style_class_default_applies_to_later_instances_only():
+    before = CompilationConfig()
+    CompilationConfig.graph_with_compile = True
+    assert CompilationConfig().graph_with_compile is True
+    assert before.graph_with_compile is False
+
+
+def test_instance_override_leaves_process_defaults_alone():
+    cfg = CompilationConfig(graph_with_compile=True, graph_max_entries=4)
+    assert (cfg.graph_with_compile, cfg.graph_max_entries) == (True, 4)
+    assert CompilationConfig.graph_with_compile is False and CompilationConfig.graph_max_entries == 0
+    cfg.graph_eviction = "lru"
+    assert CompilationConfig().graph_eviction == "fifo"
+
+
+@pytest.mark.parametrize("alias,name", sorted(ALIASES.items()))
+def test_alias_reads_and_writes_the_same_value(alias, name):
+    value = 7 if name == "graph_max_entries" else True
+    setattr(CompilationConfig, alias, value)
+    assert getattr(CompilationConfig, name) == value and getattr(CompilationConfig, alias) == value
+    cfg = CompilationConfig(**{alias: value})
+    assert getattr(cfg, name) == value
+    setattr(cfg, name, 0 if name == "graph_max_entries" else False)
+    assert getattr(cfg, alias) == getattr(cfg, name)
+
+
+def test_fusion_patterns_class_default_and_overrides():
+    CompilationConfig.fusion_patterns.enable_rope = False
+    assert FusionPatterns.enable_rope is False
+    assert CompilationConfig().fusion_patterns.enable_rope is False
+    CompilationConfig.fusion_patterns.enable_rope = True
+    cfg = CompilationConfig(fusion_patterns={"enable_rope": False, "gelu_approximation": "sigmoid"})
+    assert cfg.fusion_patterns.enable_rope is False and cfg.fusion_patterns.gelu_approximation == "sigmoid"
+    assert cfg.fusion_patterns.enable_mul_add is True  # the rest from the defaults
+    fp = FusionPatterns(enable_mul_add=False)
+    cfg2 = CompilationConfig(fusion_patterns=fp)
+    fp.enable_mul_add = True  # the config holds its own copy
+    assert cfg2.fusion_patterns.enable_mul_add is False
+    CompilationConfig.fusion_patterns = {"enable_rms_norm": False}
+    assert CompilationConfig().fusion_patterns.enable_rms_norm is False
+
+
+def test_enabled_families_in_pass_order():
+    fp = FusionPatterns(enable_rope=False)
+    assert fp.enabled_families() == ("adaln", "rms_norm", "gelu", "mul_add")
+
+
+@pytest.mark.parametrize("overrides,exc,words", [
+    (dict(graph_only=1), TypeError, ["graph_only", "1"]),
+    (dict(graph_max_entries=-1), ValueError, ["graph_max_entries", "-1"]),
+    (dict(graph_max_entries=2.0), TypeError, ["graph_max_entries"]),
+    (dict(graph_memory_budget=True), TypeError, ["graph_memory_budget"]),
+    (dict(graph_eviction="random"), ValueError, ["graph_eviction", "random"]),
+    (dict(graph_fallback=None), TypeError, ["graph_fallback"]),
+    (dict(device_graph="tpu"), ValueError, ["device_graph", "tpu"]),
+    (dict(graph_log_url=3), TypeError, ["graph_log_url"]),
+    (dict(no_such_field=True), ValueError, ["no_such_field"]),
+    (dict(fusion_patterns={"gelu_approximation": "erf"}), ValueError, ["gelu_approximation", "erf"]),
+    (dict(fusion_patterns={"enable_rope": "yes"}), TypeError, ["enable_rope"]),
+    (dict(fusion_patterns={"enable_everything": True}), ValueError, ["enable_everything"]),
+    (dict(fusion_patterns=["enable_rope"]), TypeError, ["fusion_patterns"]),
+])
+def test_bad_values_raise_naming_the_field(overrides, exc, words):
+    with pytest.raises(exc) as info:
+        CompilationConfig(**overrides)
+    for w in words:
+        assert w in str(info.value)
+
+
+def test_bad_values_rejected_on_the_class_too():
+    with pytest.raises(TypeError, match="graph_warmup_runs"):
+        CompilationConfig.graph_warmup_runs = "1"
+    with pytest.raises(ValueError, match="aclgraph_typo"):
+        CompilationConfig.aclgraph_typo = True
+    with pytest.raises(ValueError, match="gelu_approximation"):
+        CompilationConfig.fusion_patterns.gelu_approximation = "exact"
+    assert CompilationConfig.graph_warmup_runs == 1
+
+
+def test_backend_snapshots_its_config():
+    cfg = CompilationConfig(graph_max_entries=3)
+    backend = Backend(cfg)
+    cfg.graph_max_entries = 9
+    cfg.fusion_patterns.enable_mul_add = False
+    CompilationConfig.inductor = False
+    assert backend.config.graph_max_entries == 3
+    assert backend.config.fusion_patterns.enable_mul_add is True
+    assert backend.config.inductor is True
+    assert Backend().config.inductor is False  # a new backend sees the new default
+
+
+def test_backend_accepts_override_dict_and_rejects_other_types():
+    assert Backend({"inductor": False}).config.inductor is False
+    with pytest.raises(TypeError, match="config"):
+        Backend("inductor=False")
+
+
+def test_fields_carry_docstrings():
+    for name, f in CompilationConfig._fields.items():
+        assert f.__doc__ and len(f.__doc__) > 10, name
+    for name, f in FusionPatterns._fields.items():
+        assert f.__doc__ and len(f.__doc__) > 10, name

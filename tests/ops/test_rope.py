@@ -1,0 +1,228 @@
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from diffusers.models.embeddings import apply_rotary_emb
+
+import fusegraph
+from tests.helpers import DTYPES, assert_close_to_reference, randn, strided_copy
+
+B, S, H = 2, 9, 3
+
+
+def rot(x: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    if interleaved:  # (x0, x1) -> (-x1, x0) per pair
+        return torch.stack([-x[..., 1::2], x[..., 0::2]], dim=-1).flatten(-2)
+    h = x.shape[-1] // 2
+    return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+
+
+def reference(x, cos, sin, interleaved):
+    x = x.double()
+    return x * cos.double() + rot(x, interleaved) * sin.double()
+
+
+def tables(shape, dtype=torch.float32):
+    """Random cos/sin of `shape` (not unit-norm pairs: every lane must be read from its own position)."""
+    return randn(*shape, dtype=dtype), randn(*shape, dtype=dtype)
+
+
+# (x shape, cos/sin shape): every layout SPEC §2 lists, for [B,S,H,D] (sequence_dim=1) and [B,H,S,D] (=2).
+def layouts(b, d):
+    return {
+        "S_D": ((b, H, S, d), (S, d)),
+        "1_S_1_D": ((b, S, H, d), (1, S, 1, d)),
+        "1_1_S_D": ((b, H, S, d), (1, 1, S, d)),
+        "B_S_1_D": ((b, S, H, d), (b, S, 1, d)),
+    }
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("layout", list(layouts(B, 8)))
+@pytest.mark.parametrize("table_dtype", ["float32", "x"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matches_float64_reference(dtype, table_dtype, layout, interleaved):
+    x_shape, cs_shape = layouts(B, 70)[layout]  # D = 70: blocks of every vector width plus a tail
+    x = randn(*x_shape, dtype=dtype, scale=2.0)
+    cos, sin = tables(cs_shape, torch.float32 if table_dtype == "float32" else dtype)
+    out = fusegraph.ops.rope(x, cos, sin, interleaved=interleaved)
+    assert out.shape == x.shape and out.dtype == dtype and out.is_contiguous()
+    assert_close_to_reference(out, reference(x, cos, sin, interleaved))
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("d", [2, 4, 6, 30, 128, 258])
+@pytest.mark.parametrize("b", [1, 7])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sizes(dtype, b, d, interleaved):
+    x = randn(b, 5, 3, d, dtype=dtype)
+    cos, sin = tables((1, 5, 1, d))
+    assert_close_to_reference(fusegraph.ops.rope(x, cos, sin, interleaved=interleaved), reference(x, cos, sin, interleaved))
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_non_contiguous_x(dtype, interleaved):
+    cos, sin = tables((S, 34))
+    transposed = randn(B, S, H, 34, dtype=dtype).transpose(1, 2)  # [B,H,S,D] view of [B,S,H,D]
+    strided = strided_copy(randn(B, H, S, 34, dtype=dtype))  # D not unit-stride
+    for x in (transposed, strided):
+        assert not x.is_contiguous()
+        out = fusegraph.ops.rope(x, cos, sin, interleaved=interleaved)
+        assert out.is_contiguous() and out.shape == x.shape
+        assert_close_to_reference(out, reference(x, cos, sin, interleaved))
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_sliced_tables(interleaved):
+    x = randn(B, H, S, 18, dtype=torch.bfloat16)
+    big_cos, big_sin = tables((S + 11, 40))
+    views = {
+        "row slice of [S_max, D]": (big_cos[:S, :18], big_sin[:S, :18]),
+        "offset rows": (big_cos[5 : 5 + S, 3:21], big_sin[5 : 5 + S, 3:21]),
+        "D strided": (big_cos[:S, ::2][:, :18], big_sin[:S, ::2][:, :18]),
+        "expanded": (big_cos[:1, :18].expand(S, 18), big_sin[:1, :18].expand(S, 18)),
+    }
+    for name, (cos, sin) in views.items():
+        out = fusegraph.ops.rope(x, cos, sin, interleaved=interleaved)
+        assert_close_to_reference(out, reference(x, cos, sin, interleaved), msg=name)
+
+
+@pytest.mark.parametrize("sequence_dim", [1, 2])
+@pytest.mark.parametrize("unbind_dim", [-1, -2])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matches_diffusers_apply_rotary_emb(dtype, unbind_dim, sequence_dim):
+    shape = (B, S, H, 64) if sequence_dim == 1 else (B, H, S, 64)
+    x = randn(*shape, dtype=dtype)
+    cos, sin = tables((S, 64))
+    expected = apply_rotary_emb(x, (cos, sin), use_real=True, use_real_unbind_dim=unbind_dim, sequence_dim=sequence_dim)
+    view = (lambda t: t[None, :, None, :]) if sequence_dim == 1 else (lambda t: t)
+    out = fusegraph.ops.rope(x, view(cos), view(sin), interleaved=unbind_dim == -1)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else {}
+    torch.testing.assert_close(out, expected, **tol)
+
+
+def wan_rotary(hidden_states, freqs_cos, freqs_sin):
+    """diffusers' WanAttnProcessor.apply_rotary_emb (transformer_wan.py), restated: strided even/odd writes."""
+    x1, x2 = hidden_states.unflatten(-1, (-1, 2)).unbind(-1)
+    cos = freqs_cos[..., 0::2]
+    sin = freqs_sin[..., 1::2]
+    out = torch.empty_like(hidden_states)
+    out[..., 0::2] = x1 * cos - x2 * sin
+    out[..., 1::2] = x1 * sin + x2 * cos
+    return out.type_as(hidden_states)
+
+
+def test_matches_wan_rotary():
+    # Wan's tables repeat each frequency twice (repeat_interleave(2)), so the interleaved rotation is exact.
+    freqs = torch.rand(S, 32, dtype=torch.float64) * 10
+    cos = freqs.cos().repeat_interleave(2, dim=-1).float()[None, :, None, :]
+    sin = freqs.sin().repeat_interleave(2, dim=-1).float()[None, :, None, :]
+    x = randn(B, S, H, 64, dtype=torch.bfloat16)
+    expected = wan_rotary(x.float(), cos, sin).to(x.dtype)  # Wan runs it on float32 q/k
+    torch.testing.assert_close(fusegraph.ops.rope(x, cos, sin, interleaved=True), expected)
+
+
+@pytest.mark.parametrize("shape", [(0, S, H, 8), (B, 0, H, 8), (B, S, H, 0)])
+def test_empty(shape):
+    x = torch.empty(shape, dtype=torch.bfloat16)
+    cos = torch.empty(1, shape[1], 1, shape[3])
+    out = fusegraph.ops.rope(x, cos, cos)
+    assert out.shape == shape and out.dtype == torch.bfloat16
+
+
+def test_bitwise_deterministic():
+    x = randn(2, 512, 8, 128, dtype=torch.bfloat16)
+    cos, sin = tables((1, 512, 1, 128))
+    for interleaved in (True, False):
+        assert torch.equal(fusegraph.ops.rope(x, cos, sin, interleaved=interleaved),
+                           fusegraph.ops.rope(x, cos, sin, interleaved=interleaved))
+
+
+def test_opcheck():
+    op = torch.ops.fusegraph.rope.default
+    cos, sin = tables((S, 6))
+    samples = [
+        ((randn(B, H, S, 6), cos, sin), {}),
+        ((randn(B, S, H, 6, dtype=torch.bfloat16).transpose(1, 2), cos, sin), {"interleaved": False}),
+        ((randn(1, S, H, 6, dtype=torch.float16), cos[None, :, None].half(), sin[None, :, None].half()), {}),
+    ]
+    for args, kwargs in samples:
+        torch.library.opcheck(op, args, kwargs)
+
+
+def test_traces_under_compile_fullgraph():
+    x = randn(B, S, H, 16)
+    cos, sin = tables((1, S, 1, 16))
+    fn = torch.compile(lambda x, c, s: fusegraph.ops.rope(x, c, s, interleaved=False) * 2, fullgraph=True,
+                       backend="aot_eager")
+    assert_close_to_reference(fn(x, cos, sin), reference(x, cos, sin, False) * 2)
+
+
+x4 = (B, S, H, 8)
+# C++ prints ScalarType names, the fake kernels torch.dtype names.
+DTYPE_NAMES = {n: f"({n}|torch.{t})" for n, t in
+               [("Float", "float32"), ("Half", "float16"), ("BFloat16", "bfloat16"), ("Int", "int32"), ("Long", "int64")]}
+BAD = {
+    "x rank": (dict(x=(S, H, 8)), r"argument 'x' has shape \[9, 3, 8\] \(rank 3\); expected rank 4"),
+    "odd D": (dict(x=(B, S, H, 7), cs=(S, 7)), r"argument 'x' has shape \[2, 9, 3, 7\] with odd last dim D = 7"),
+    "cos last dim": (dict(cs=(1, S, 1, 6)), r"argument 'cos' has shape \[1, 9, 1, 6\] with last dim 6; expected x's last dim D = 8"),
+    "cos does not broadcast": (dict(cs=(S, 8)), r"argument 'cos' has shape \[9, 8\] which does not broadcast to x's shape \[2, 9, 3, 8\]"),
+    "cos rank": (dict(cs=(1, 1, S, 1, 8)), r"argument 'cos' has shape \[1, 1, 9, 1, 8\] \(rank 5\); expected rank 1 to 4"),
+    "sin shape": (dict(ss=(1, 1, 1, 8)), r"argument 'sin' has shape \[1, 1, 1, 8\]; expected the shape of 'cos', \[1, 9, 1, 8\]"),
+    "cos dtype": (dict(x_dtype=torch.bfloat16, cs_dtype=torch.float16), r"argument 'cos' has dtype {Half}; expected float32 or x's dtype {BFloat16}"),
+    "sin dtype": (dict(s_dtype=torch.bfloat16, x_dtype=torch.bfloat16), r"argument 'sin' has dtype {BFloat16}; expected the dtype of 'cos', {Float}"),
+    "integer x": (dict(x_dtype=torch.int32), r"argument 'x' has dtype {Int}; expected float32, bfloat16 or float16"),
+    "integer cos": (dict(cs_dtype=torch.int64, s_dtype=torch.int64), r"argument 'cos' has dtype {Long}"),
+}
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])  # meta: the fake kernel's checks, same messages
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_rejected(case, device):
+    spec, message = BAD[case]
+    x_shape, cs = spec.get("x", x4), spec.get("cs", (1, S, 1, 8))
+    ss = spec.get("ss", cs)
+    x = torch.ones(x_shape, dtype=spec.get("x_dtype", torch.float32), device=device)
+    cos = torch.ones(cs, dtype=spec.get("cs_dtype", torch.float32), device=device)
+    sin = torch.ones(ss, dtype=spec.get("s_dtype", cos.dtype), device=device)
+    with pytest.raises(RuntimeError, match="fusegraph.rope: " + message.format(**DTYPE_NAMES)):
+        fusegraph.ops.rope(x, cos, sin)
+
+
+def test_mixed_devices_rejected():
+    x = torch.ones(x4)
+    with pytest.raises(RuntimeError, match=r"fusegraph.rope: argument 'cos' is on meta but 'x' is on cpu"):
+        fusegraph.ops.rope(x, torch.ones(S, 8, device="meta")[None, :, None], torch.ones(1, S, 1, 8))
+
+
+CAPABILITY_SCRIPT = r"""
+import torch, fusegraph
+from tests.helpers import assert_close_to_reference, randn
+
+def reference(x, cos, sin, interleaved):  # restated: importing this test module would import diffusers
+    x = x.double()
+    h = x.shape[-1] // 2
+    r = torch.stack([-x[..., 1::2], x[..., 0::2]], -1).flatten(-2) if interleaved else torch.cat([-x[..., h:], x[..., :h]], -1)
+    return x * cos.double() + r * sin.double()
+for dtype in (torch.float32, torch.bfloat16, torch.float16):
+    for d in (2, 6, 70, 128):
+        x = randn(3, 5, 2, d, dtype=dtype)
+        cos, sin = randn(1, 5, 1, d), randn(1, 5, 1, d)
+        for interleaved in (True, False):
+            assert_close_to_reference(fusegraph.ops.rope(x, cos, sin, interleaved=interleaved),
+                                      reference(x, cos, sin, interleaved))
+print(fusegraph._C.cpu_capability())
+"""
+
+
+@pytest.mark.parametrize("capability", ["default", "avx2"])
+def test_every_cpu_capability(capability):
+    env = dict(os.environ, ATEN_CPU_CAPABILITY=capability)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run([sys.executable, "-c", CAPABILITY_SCRIPT], env=env, cwd=root, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == capability.upper()
