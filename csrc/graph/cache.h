@@ -101,7 +101,7 @@ struct CallResult {
   std::shared_ptr<void> user;
   std::string failure;               // Failed: the recorded reason
   int64_t copied = 0, skipped = 0;
-  std::vector<int64_t> drifted;      // with check_drift: tensor positions whose address differs from capture
+  std::vector<int64_t> drifted;      // with check_drift, static-buffer entries: positions not at the captured address
 };
 
 class GraphCache {

@@ -126,6 +126,12 @@ class _StreamGraphDriver:
     def capture(self, flat_fn, tensors, options) -> Capture:
         mod = self._module()
         device = tensors[0].device if tensors else None
+        # streams, pool and graph belong to the inputs' device, whatever the current device is
+        on_device = mod.device(device) if device is not None and hasattr(mod, "device") else contextlib.nullcontext()
+        with on_device:
+            return self._capture_on_device(mod, device, flat_fn, tensors, options)
+
+    def _capture_on_device(self, mod, device, flat_fn, tensors, options) -> Capture:
         static = static_buffers(tensors, options.graph_lazy_capture)
         side = mod.Stream()
         compute = mod.current_stream()

@@ -114,6 +114,8 @@ class GraphRunner:
 
     def _capture_and_call(self, leaves, in_spec, args, kwargs):
         if not self._capture(leaves, in_spec, args, kwargs, lazy=None):
+            with self.stats._lock:
+                self.stats.eager_calls += 1
             return self.fn(*args, **kwargs)
         res = self._cache.call(leaves, False)
         assert res[0] == _REPLAYED, "fusegraph: an entry just inserted was not found"
@@ -129,7 +131,7 @@ class GraphRunner:
         device = tensors[0].device if tensors else torch.device("cpu")
         driver, why = select_driver(o.device_graph, device)
         if driver is None:
-            return self._fail(leaves, f"no device graph: {why}", None)
+            return self._fail(leaves, f"no device graph: {why}")
         lazy = o.graph_lazy_capture if lazy is None else lazy
         if lazy != o.graph_lazy_capture:
             o = GraphOptions(**{**o.__dict__, "graph_lazy_capture": lazy})
@@ -141,7 +143,7 @@ class GraphRunner:
             if o.graph_fallback == "raise":
                 raise
             first = (str(e).strip().splitlines() or [""])[0][:160]
-            return self._fail(leaves, f"{driver.name} capture failed: {type(e).__name__}: {first}", e)
+            return self._fail(leaves, f"{driver.name} capture failed: {type(e).__name__}: {first}")
         seconds = time.perf_counter() - t0
         info = _EntryInfo(out_box.get("spec"), cap, driver.name)
         before = self._cache.counters()
@@ -161,12 +163,10 @@ class GraphRunner:
                   f"; evicted {len(evicted)}" if evicted else "")
         return True
 
-    def _fail(self, leaves, reason, exc) -> bool:
+    def _fail(self, leaves, reason) -> bool:
         self._cache.record_failure(leaves, reason)
         self.stats.add_fallback(reason)
         _log.warning("fusegraph: %s runs uncaptured for this input signature: %s", self.name, reason)
-        with self.stats._lock:
-            self.stats.eager_calls += 1
         return False
 
     def _flat_fn(self, leaves, in_spec, args, kwargs):

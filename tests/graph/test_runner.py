@@ -195,8 +195,8 @@ def test_two_threads_share_one_runner():
     assert r.stats.replays == 80
 
 
-def test_debug_warns_on_address_drift(caplog):
-    r = GraphRunner(lambda x: x + 1)
+def test_debug_warns_on_address_drift(caplog, npu):
+    r = GraphRunner(lambda x: x + 1, cfg(device_graph="npu", graph_lazy_capture=True))
     x = torch.randn(4)
     r(x)
     with caplog.at_level(logging.DEBUG, logger="fusegraph.graph"):
@@ -204,6 +204,12 @@ def test_debug_warns_on_address_drift(caplog):
         assert not [m for m in caplog.messages if "captured address" in m]
         r(torch.randn(4))
     assert any("not at the captured address" in m and "static buffer" in m for m in caplog.messages)
+    host = GraphRunner(lambda x: x + 1)  # the host graph binds any address: no warning
+    host(x)
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="fusegraph.graph"):
+        host(torch.randn(4))
+    assert not [m for m in caplog.messages if "captured address" in m]
 
 
 def test_warmup_runs_happen_before_capture():
