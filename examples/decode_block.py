@@ -2,7 +2,8 @@
 out-projection -> residual, run eagerly and through fusegraph's graph runtime (a CUDA graph on CUDA, the
 C++ host graph on CPU, an NPUGraph on Ascend through torch.npu).
 
-    python examples/decode_block.py            # checks, then the three timing figures
+    python examples/decode_block.py            # checks, then the three timing figures (from a checkout:
+                                               # PYTHONPATH=. python examples/decode_block.py)
 """
 import sys
 

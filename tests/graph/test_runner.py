@@ -272,3 +272,9 @@ def test_device_graph_available_for_the_backend(npu):
     if not torch.cuda.is_available():
         ok, why = device_graph_available("cuda", cfg())
         assert not ok and "CUDA" in why
+
+
+def test_graph_runner_is_reachable_from_the_package():
+    import fusegraph
+
+    assert fusegraph.graph.GraphRunner is GraphRunner
