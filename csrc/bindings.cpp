@@ -272,7 +272,13 @@ void bind_graph(py::module_& m) {
             }
             std::vector<at::Tensor> tensors;
             fg::Signature sig = signature_of(leaves, &tensors);
-            fg::CallResult r = c.call(sig, tensors, check_drift);
+            fg::CallResult r;
+            {
+              // Other Python threads run while the graph replays (a Python driver's executable re-takes the
+              // GIL itself). The runner's lock serialises calls of one runner before they get here.
+              py::gil_scoped_release nogil;
+              r = c.call(sig, tensors, check_drift);
+            }
             py::object user = r.user ? *static_cast<py::object*>(r.user.get()) : py::none();
             py::object outs = r.status == fg::LookupStatus::Replayed ? py::object(to_py_list(r.outputs)) : py::none();
             return py::make_tuple(static_cast<int>(r.status), outs, user, r.copied, r.skipped, r.drifted, r.failure);

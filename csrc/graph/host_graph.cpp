@@ -79,16 +79,15 @@ void HostGraph::finalize() {
   for (const auto& o : outputs_) {
     if (o.kind == ArgTemplate::Kind::Ref) last_use[o.ref.slot] = kKeep;
   }
+  std::vector<int32_t> producer(num_slots_, -1);
+  for (int32_t i = 0; i < static_cast<int32_t>(instructions_.size()); ++i) {
+    const auto& ins = instructions_[i];
+    for (int32_t r = 0; r < ins.num_outputs; ++r) producer[ins.first_output_slot + r] = i;
+  }
   for (int32_t s = 0; s < num_slots_; ++s) {
     if (last_use[s] == kKeep) continue;
-    int32_t at = last_use[s];
-    if (at < 0) {  // never read: release right after it is produced (inputs: before the first instruction)
-      if (s < num_inputs_) continue;  // an unused input costs nothing; the caller owns it
-      for (int32_t i = 0; i < static_cast<int32_t>(instructions_.size()); ++i) {
-        const auto& ins = instructions_[i];
-        if (s >= ins.first_output_slot && s < ins.first_output_slot + ins.num_outputs) at = i;
-      }
-    }
+    // never read: released right after it is produced; an unused input is left alone (the caller owns it)
+    int32_t at = last_use[s] >= 0 ? last_use[s] : producer[s];
     if (at >= 0) instructions_[at].release.push_back(s);
   }
   finalized_ = true;
@@ -98,6 +97,8 @@ const c10::IValue& HostGraph::deref(const ValueRef& r, const std::vector<c10::IV
   const c10::IValue& v = slots[r.slot];
   if (r.item < 0) return v;
   TORCH_CHECK(v.isList() || v.isTuple(), "fusegraph host graph: getitem on a value that is not a list");
+  const size_t n = v.isList() ? v.toListRef().size() : v.toTupleRef().elements().size();
+  TORCH_CHECK(static_cast<size_t>(r.item) < n, "fusegraph host graph: getitem ", r.item, " on a list of ", n);
   scratch = v.isList() ? v.toListRef()[r.item] : v.toTupleRef().elements()[r.item];
   return scratch;
 }
