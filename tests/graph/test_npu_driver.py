@@ -127,3 +127,27 @@ def test_memory_measure_and_budget(npu):
         r(torch.randn(n))
     # each entry owns its static input clone and its output (~8 KiB): the budget keeps one
     assert r.stats.evictions == 2 and r.num_entries == 1
+
+
+def test_two_threads_share_one_npu_runner(npu):
+    import threading
+
+    r = GraphRunner(fn, cfg(graph_max_entries=2))
+    w = torch.randn(8, 8)
+    errors = []
+
+    def worker(rows):
+        try:
+            for i in range(30):
+                x = torch.randn(rows + i % 3, 8)
+                torch.testing.assert_close(r(x, w), fn(x, w), rtol=0, atol=0)
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in (2, 6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert r.stats.replays == 60
