@@ -115,13 +115,17 @@ class _StreamGraphDriver:
         fn = getattr(mod, "memory_allocated", None)
         return fn(device) if fn is not None else 0
 
-    def pool(self, mod, device):
-        """One memory pool per device, shared by every entry of every runner (``graph_pool_handle()``)."""
-        key = (self.name, str(device))
+    def _per_device(self, mod, what, device, make):
+        """One object per (driver, device, what), shared by every entry of every runner: the memory pool
+        (``graph_pool_handle()``), the capture stream and the copy stream (streams are not free to create)."""
+        key = (self.name, id(mod), str(device), what)
         with self._pools_lock:
             if key not in self._pools:
-                self._pools[key] = mod.graph_pool_handle()
+                self._pools[key] = make()
             return self._pools[key]
+
+    def pool(self, mod, device):
+        return self._per_device(mod, "pool", device, mod.graph_pool_handle)
 
     def capture(self, flat_fn, tensors, options) -> Capture:
         mod = self._module()
@@ -133,7 +137,7 @@ class _StreamGraphDriver:
 
     def _capture_on_device(self, mod, device, flat_fn, tensors, options) -> Capture:
         static = static_buffers(tensors, options.graph_lazy_capture)
-        side = mod.Stream()
+        side = self._per_device(mod, "capture_stream", device, mod.Stream)
         compute = mod.current_stream()
         side.wait_event(compute.record_event())
         with mod.stream(side):  # warm-up off the capture (lets lazy init / autotuning happen outside it)
@@ -148,7 +152,7 @@ class _StreamGraphDriver:
         pool_bytes = max(0, self._memory_allocated(mod, device) - before)
         owned = [] if options.graph_lazy_capture else static
         memory = storage_bytes(owned) + max(pool_bytes, storage_bytes([o for o in outputs if isinstance(o, torch.Tensor)]))
-        copier = _CopyStream(mod)
+        copier = self._per_device(mod, "copy_stream", device, lambda: _CopyStream(mod))
         exe = _C.graph.PyExecutable(graph.replay, list(outputs), binds_inputs=False, outputs_are_fresh=False,
                                     copy_fn=copier)
         return Capture(exe, static, memory, info={"graph": graph})

@@ -151,3 +151,20 @@ def test_two_threads_share_one_npu_runner(npu):
         t.join()
     assert not errors, errors
     assert r.stats.replays == 60
+
+
+def test_streams_are_shared_not_created_per_entry(npu, monkeypatch):
+    created = []
+    real = npu.Stream
+
+    class CountingStream(real):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            created.append(self)
+
+    monkeypatch.setattr(npu, "Stream", CountingStream)
+    r = GraphRunner(lambda x: x + 1, cfg())
+    for n in range(1, 6):
+        r(torch.randn(n))
+    assert r.stats.graphs_captured == 5
+    assert len(created) == 2  # one capture stream and one copy stream for the device
