@@ -278,3 +278,15 @@ def test_graph_runner_is_reachable_from_the_package():
     import fusegraph
 
     assert fusegraph.graph.GraphRunner is GraphRunner
+
+
+def test_inference_mode_callers_get_inference_tensors_others_mutable_ones():
+    r = GraphRunner(block_fn)
+    x, w = torch.randn(3, 8), torch.randn(4)
+    with torch.inference_mode():
+        out = r(x, w)
+        torch.testing.assert_close(out, block_fn(x, w), rtol=0, atol=0)
+        assert out.is_inference()
+    out = r(x, w)
+    assert not out.is_inference()
+    out.add_(1)  # an ordinary tensor: in-place works outside inference mode
