@@ -96,8 +96,8 @@ def make_inputs(block: DecodeBlock, batch: int, position: int, dtype, device="cp
 
 
 def _profiled_kernel_seconds(fn, reps, device):
-    """Per call, the summed self time of the aten/fusegraph ops torch.profiler records (the ops' own time,
-    no Python between them; on CUDA the device kernels' time)."""
+    """Per call, the device kernels' time torch.profiler records (CUDA); on CPU the ops' self time (only used
+    where the host graph's own per-op timer is not available)."""
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
