@@ -50,7 +50,8 @@ c10::IValue plain_ivalue(py::handle h) {
   if (py::isinstance<py::int_>(h)) return h.cast<int64_t>();
   if (py::isinstance<py::float_>(h)) return h.cast<double>();
   if (py::isinstance<py::str>(h)) return h.cast<std::string>();
-  TORCH_CHECK(false, "fusegraph: a graph output of type ", std::string(py::str(py::type::handle_of(h).attr("__qualname__"))),
+  TORCH_CHECK(false, "fusegraph: a graph output of type ",
+              std::string(py::str(py::type::handle_of(h).attr("__qualname__"))),
               " is not supported (expected tensors, None, bool, int, float or str)");
   return c10::IValue();
 }
@@ -305,7 +306,8 @@ void bind_graph(py::module_& m) {
       .def("mismatch_error", [](fg::GraphCache& c, const py::sequence& leaves) {
         return c.mismatch_error(signature_of(leaves, nullptr));
       })
-      .def_static("describe_signature", [](const py::sequence& leaves) { return signature_of(leaves, nullptr).describe(); })
+      .def_static("describe_signature",
+                  [](const py::sequence& leaves) { return signature_of(leaves, nullptr).describe(); })
       .def("clear", &fg::GraphCache::clear)
       .def("__len__", &fg::GraphCache::size)
       .def("entry_ids", &fg::GraphCache::entry_ids)

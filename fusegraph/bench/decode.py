@@ -69,7 +69,8 @@ def rope_tables(position: int, head_dim: int, dtype, device="cpu"):
     inv = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
     ang = position * inv
     ang = torch.cat([ang, ang])
-    return (ang.cos().to(dtype).view(1, 1, 1, head_dim).to(device), ang.sin().to(dtype).view(1, 1, 1, head_dim).to(device))
+    cos, sin = (t.to(dtype).view(1, 1, 1, head_dim).to(device) for t in (ang.cos(), ang.sin()))
+    return cos, sin
 
 
 def reference(block: DecodeBlock, x, cos, sin):

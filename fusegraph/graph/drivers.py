@@ -151,7 +151,8 @@ class _StreamGraphDriver:
                 outputs = flat_fn(*static)
         pool_bytes = max(0, self._memory_allocated(mod, device) - before)
         owned = [] if options.graph_lazy_capture else static
-        memory = storage_bytes(owned) + max(pool_bytes, storage_bytes([o for o in outputs if isinstance(o, torch.Tensor)]))
+        output_bytes = storage_bytes([o for o in outputs if isinstance(o, torch.Tensor)])
+        memory = storage_bytes(owned) + max(pool_bytes, output_bytes)
         copier = self._per_device(mod, "copy_stream", device, lambda: _CopyStream(mod))
         exe = _C.graph.PyExecutable(graph.replay, list(outputs), binds_inputs=False, outputs_are_fresh=False,
                                     copy_fn=copier)

@@ -146,7 +146,8 @@ def synchronize(device=None):
 
 
 def make_module() -> types.ModuleType:
-    """A fresh ``torch.npu`` stand-in module (install with ``monkeypatch.setattr(torch, "npu", ..., raising=False)``)."""
+    """A fresh ``torch.npu`` stand-in module; install it with
+    ``monkeypatch.setattr(torch, "npu", make_module(), raising=False)``."""
     mod = types.ModuleType("torch.npu")
     for name in ("NPUGraph", "graph", "graph_pool_handle", "Stream", "Event", "stream", "current_stream",
                  "empty_cache", "synchronize"):
