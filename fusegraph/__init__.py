@@ -3,13 +3,13 @@ compiled graphs from a device graph (CUDA graph, Ascend NPUGraph, or a C++ host 
 import torch  # noqa: F401  (loads libtorch before our extension)
 
 from . import _C  # noqa: F401  (registers torch.ops.fusegraph.*)
-from . import ops
+from . import graph, ops
 from .backend import Backend, fusegraph_backend
 from .config import CompilationConfig, FusionPatterns
 from .stats import Stats
 
 __version__ = "0.1.0"
-__all__ = ["ops", "Backend", "CompilationConfig", "FusionPatterns", "Stats", "__version__"]
+__all__ = ["ops", "graph", "Backend", "CompilationConfig", "FusionPatterns", "Stats", "__version__"]
 
 
 def _register_backend_by_name() -> None:

@@ -20,6 +20,7 @@ class Stats:
     evictions: int = 0
     recaptures: int = 0
     fallbacks: dict = field(default_factory=dict)  # reason -> count
+    eager_calls: int = 0  # calls run uncaptured because their signature fell back
     capture_seconds: float = 0.0
     compile_seconds: float = 0.0
     graph_memory_bytes: int = 0

@@ -1,0 +1,298 @@
+#include "graph/cache.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <c10/util/hash.h>
+
+#include <map>
+#include <sstream>
+#include <tuple>
+#include <unordered_set>
+
+namespace fusegraph::graph {
+
+std::string ArgSignature::describe() const {
+  if (!is_tensor) return value;
+  std::ostringstream os;
+  os << "tensor(shape=[";
+  for (size_t i = 0; i < sizes.size(); ++i) os << (i ? ", " : "") << sizes[i];
+  os << "], dtype=" << dtype << ", device=" << device << ")";
+  return os.str();
+}
+
+void Signature::add_tensor(const at::Tensor& t) {
+  ArgSignature a;
+  a.is_tensor = true;
+  a.sizes = t.sizes().vec();
+  a.dtype = t.scalar_type();
+  a.device = t.device();
+  args.push_back(std::move(a));
+}
+
+void Signature::add_value(std::string value) {
+  ArgSignature a;
+  a.value = std::move(value);
+  args.push_back(std::move(a));
+}
+
+void Signature::finish() {
+  size_t h = c10::get_hash(args.size());
+  for (const auto& a : args) {
+    if (a.is_tensor) {
+      h = c10::hash_combine(h, c10::get_hash(static_cast<int>(a.dtype), static_cast<int>(a.device.type()),
+                                             static_cast<int>(a.device.index())));
+      for (int64_t s : a.sizes) h = c10::hash_combine(h, std::hash<int64_t>()(s));
+    } else {
+      h = c10::hash_combine(h, std::hash<std::string>()(a.value));
+    }
+  }
+  hash = h;
+}
+
+Signature Signature::of_tensor(const at::Tensor& t) {
+  Signature s;
+  s.add_tensor(t);
+  s.finish();
+  return s;
+}
+
+std::string Signature::describe() const {
+  std::ostringstream os;
+  os << "(";
+  for (size_t i = 0; i < args.size(); ++i) os << (i ? ", " : "") << args[i].describe();
+  os << ")";
+  return os.str();
+}
+
+void Executable::copy_inputs(const std::vector<std::vector<at::Tensor>>& dst_groups,
+                             const std::vector<std::vector<at::Tensor>>& src_groups) {
+  for (size_t g = 0; g < dst_groups.size(); ++g) {
+    if (dst_groups[g].size() == 1) {
+      dst_groups[g][0].copy_(src_groups[g][0]);
+    } else {
+      at::_foreach_copy_(dst_groups[g], src_groups[g]);
+    }
+  }
+}
+
+int64_t storage_bytes(const std::vector<at::Tensor>& tensors) {
+  std::unordered_set<const void*> seen;
+  int64_t total = 0;
+  for (const auto& t : tensors) {
+    if (!t.defined() || !t.has_storage()) continue;
+    const auto& st = t.storage();
+    if (seen.insert(st.unsafeGetStorageImpl()).second) total += static_cast<int64_t>(st.nbytes());
+  }
+  return total;
+}
+
+namespace {
+
+bool same_strides(const at::Tensor& a, const at::Tensor& b) { return a.strides() == b.strides(); }
+
+// The tensor positions whose source must be copied, grouped by (dtype, sizes, strides) so each group is
+// one batched copy.
+struct CopyGroups {
+  std::vector<std::vector<at::Tensor>> dsts, srcs;
+};
+
+}  // namespace
+
+CallResult GraphCache::call(const Signature& sig, const std::vector<at::Tensor>& tensors, bool check_drift) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  CallResult result;
+  auto it = index_.find(sig);
+  if (it == index_.end()) {
+    auto f = failed_.find(sig);
+    if (f != failed_.end()) {
+      result.status = LookupStatus::Failed;
+      result.failure = f->second;
+      ++counters_.fallback_calls;
+      return result;
+    }
+    if (!options_.recapture) {
+      std::string err = mismatch_error_locked(sig);
+      TORCH_CHECK(err.empty(), err);
+    }
+    result.status = LookupStatus::Miss;
+    return result;
+  }
+  std::shared_ptr<Entry> entry = *it->second;
+  if (options_.eviction == Eviction::Lru) order_.splice(order_.end(), order_, it->second);
+
+  Executable& exe = *entry->executable;
+  const std::vector<at::Tensor>* run_inputs = &tensors;
+  std::vector<at::Tensor> bound;  // binds_inputs: tensors re-laid out to the strides the graph was built for
+  if (check_drift && !exe.binds_inputs()) {  // the host graph binds any address: nothing to warn about
+    for (size_t i = 0; i < tensors.size() && i < entry->captured_addresses.size(); ++i) {
+      if (reinterpret_cast<int64_t>(tensors[i].data_ptr()) != entry->captured_addresses[i]) {
+        result.drifted.push_back(static_cast<int64_t>(i));
+      }
+    }
+  }
+  if (exe.binds_inputs()) {
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (tensors[i].strides() == c10::IntArrayRef(entry->captured_strides[i])) {
+        ++result.skipped;
+        continue;
+      }
+      if (bound.empty()) bound = tensors;
+      bound[i] = at::empty_strided(tensors[i].sizes(), entry->captured_strides[i], tensors[i].options());
+      bound[i].copy_(tensors[i]);
+      ++result.copied;
+    }
+    if (!bound.empty()) run_inputs = &bound;
+  } else {
+    // The copy plan: zero-copy when the caller's tensor already is the static buffer.
+    std::map<std::tuple<int, std::vector<int64_t>, std::vector<int64_t>>, size_t> group_of;
+    CopyGroups groups;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const at::Tensor& dst = entry->static_inputs[i];
+      const at::Tensor& src = tensors[i];
+      if (src.data_ptr() == dst.data_ptr() && same_strides(src, dst)) {
+        ++result.skipped;
+        continue;
+      }
+      auto key = std::make_tuple(static_cast<int>(dst.scalar_type()), dst.sizes().vec(), dst.strides().vec());
+      auto [g, fresh] = group_of.emplace(std::move(key), groups.dsts.size());
+      if (fresh) {
+        groups.dsts.emplace_back();
+        groups.srcs.emplace_back();
+      }
+      groups.dsts[g->second].push_back(dst);
+      groups.srcs[g->second].push_back(src);
+      ++result.copied;
+    }
+    if (!groups.dsts.empty()) exe.copy_inputs(groups.dsts, groups.srcs);
+    run_inputs = &entry->static_inputs;
+  }
+
+  result.outputs = exe.run(*run_inputs);
+  if (options_.safe_outputs) {
+    const bool fresh = exe.outputs_are_fresh();
+    for (auto& v : result.outputs) {
+      if (v.isTensor() && (!fresh || exe.needs_clone(v.toTensor()))) v = v.toTensor().clone();
+    }
+  }
+  result.status = LookupStatus::Replayed;
+  result.user = entry->user;
+  ++counters_.replays;
+  counters_.inputs_copied += result.copied;
+  counters_.inputs_skipped += result.skipped;
+  return result;
+}
+
+std::vector<uint64_t> GraphCache::insert(Signature sig, std::vector<at::Tensor> static_inputs,
+                                         std::vector<at::Tensor> capture_inputs,
+                                         std::shared_ptr<Executable> executable, int64_t memory_bytes,
+                                         std::shared_ptr<void> user) {
+  TORCH_CHECK(executable, "fusegraph: GraphCache.insert needs an executable");
+  TORCH_CHECK(executable->binds_inputs() || static_inputs.size() == capture_inputs.size(),
+              "fusegraph: GraphCache.insert got ", static_inputs.size(), " static buffers for ",
+              capture_inputs.size(), " tensor inputs; expected one per tensor input");
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  auto entry = std::make_shared<Entry>();
+  entry->id = next_id_++;
+  entry->static_inputs = std::move(static_inputs);
+  for (const auto& t : capture_inputs) {
+    entry->captured_addresses.push_back(reinterpret_cast<int64_t>(t.data_ptr()));
+    entry->captured_strides.push_back(t.strides().vec());
+  }
+  entry->executable = std::move(executable);
+  entry->memory_bytes = memory_bytes;
+  entry->user = std::move(user);
+
+  auto old = index_.find(sig);
+  if (old != index_.end()) {  // a second capture of one signature replaces the first
+    counters_.memory_bytes -= (*old->second)->memory_bytes;
+    order_.erase(old->second);
+    index_.erase(old);
+  }
+  if (!first_signature_) first_signature_ = std::make_unique<Signature>(sig);
+  if (!order_.empty()) ++counters_.recaptures;  // a capture for a further signature
+  entry->signature = sig;
+  order_.push_back(entry);
+  index_.emplace(std::move(sig), std::prev(order_.end()));
+  ++counters_.captured;
+  counters_.memory_bytes += entry->memory_bytes;
+  return evict_locked(entry.get());
+}
+
+std::vector<uint64_t> GraphCache::evict_locked(const Entry* keep) {
+  std::vector<uint64_t> evicted;
+  auto over = [&] {
+    if (options_.max_entries > 0 && static_cast<int64_t>(order_.size()) > options_.max_entries) return true;
+    return options_.memory_budget > 0 && counters_.memory_bytes > options_.memory_budget;
+  };
+  auto it = order_.begin();
+  while (over() && it != order_.end()) {
+    if (it->get() == keep) {  // the newest entry stays even when alone it exceeds the budget
+      ++it;
+      continue;
+    }
+    evicted.push_back((*it)->id);
+    counters_.memory_bytes -= (*it)->memory_bytes;
+    index_.erase((*it)->signature);
+    it = order_.erase(it);
+    ++counters_.evictions;
+  }
+  return evicted;
+}
+
+void GraphCache::record_failure(const Signature& sig, std::string reason) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (!first_signature_) first_signature_ = std::make_unique<Signature>(sig);
+  if (failed_.emplace(sig, std::move(reason)).second) failed_order_.push_back(sig);
+  while (options_.max_failed > 0 && static_cast<int64_t>(failed_order_.size()) > options_.max_failed) {
+    failed_.erase(failed_order_.front());
+    failed_order_.pop_front();
+  }
+}
+
+std::string GraphCache::mismatch_error(const Signature& sig) const {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  return mismatch_error_locked(sig);
+}
+
+std::string GraphCache::mismatch_error_locked(const Signature& sig) const {
+  if (options_.recapture || !first_signature_ || *first_signature_ == sig) return "";
+  const auto& cap = first_signature_->args;
+  size_t n = std::max(cap.size(), sig.args.size());
+  for (size_t i = 0; i < n; ++i) {
+    std::string c = i < cap.size() ? cap[i].describe() : "nothing";
+    std::string g = i < sig.args.size() ? sig.args[i].describe() : "nothing";
+    if (i >= cap.size() || i >= sig.args.size() || !(cap[i] == sig.args[i])) {
+      return "fusegraph: graph input mismatch at position " + std::to_string(i) + ": captured " + c + ", got " + g +
+             " (graph_recapture=False)";
+    }
+  }
+  return "";
+}
+
+void GraphCache::clear() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  index_.clear();
+  order_.clear();
+  failed_.clear();
+  failed_order_.clear();
+  counters_.memory_bytes = 0;
+}
+
+size_t GraphCache::size() const {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  return order_.size();
+}
+
+std::vector<uint64_t> GraphCache::entry_ids() const {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  std::vector<uint64_t> ids;
+  for (const auto& e : order_) ids.push_back(e->id);
+  return ids;
+}
+
+Counters GraphCache::counters() const {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  return counters_;
+}
+
+}  // namespace fusegraph::graph

@@ -1,0 +1,186 @@
+#include "graph/host_graph.h"
+
+#include <ATen/core/stack.h>
+#include <c10/core/InferenceMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include <chrono>
+#include <limits>
+#include <optional>
+#include <c10/util/Exception.h>
+
+namespace fusegraph::graph {
+
+c10::OperatorHandle find_operator(const std::string& name, const std::string& overload) {
+  auto op = c10::Dispatcher::singleton().findSchema({name, overload});
+  TORCH_CHECK(op.has_value(), "fusegraph host graph: no operator ", name, (overload.empty() ? "" : "."), overload,
+              " is registered with the dispatcher");
+  return *op;
+}
+
+int32_t HostGraph::add_node(const c10::OperatorHandle& op, std::vector<ArgTemplate> args) {
+  TORCH_CHECK(!finalized_, "fusegraph host graph: add_node after finalize");
+  const auto& schema = op.schema();
+  TORCH_CHECK(args.size() == schema.arguments().size(), "fusegraph host graph: ", schema.operator_name(), " takes ",
+              schema.arguments().size(), " arguments, got ", args.size());
+  TORCH_CHECK(!schema.is_vararg() && !schema.is_varret(), "fusegraph host graph: ", schema.operator_name(),
+              " has variadic arguments or returns");
+  auto check_ref = [&](const ValueRef& r) {
+    TORCH_CHECK(r.slot >= 0 && r.slot < num_slots_, "fusegraph host graph: ", schema.operator_name(),
+                " refers to value ", r.slot, " which is not computed before it");
+  };
+  for (const auto& a : args) {
+    if (a.kind == ArgTemplate::Kind::Ref) check_ref(a.ref);
+    if (a.kind == ArgTemplate::Kind::List) {
+      TORCH_CHECK(a.element_type, "fusegraph host graph: list argument without an element type");
+      for (const auto& e : a.elements) {
+        if (e.is_ref) check_ref(e.ref);
+      }
+    }
+  }
+  Instruction ins{op, std::move(args), num_slots_, static_cast<int32_t>(schema.returns().size()), {}, ""};
+  ins.name = schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
+  max_args_ = std::max(max_args_, std::max(ins.args.size(), static_cast<size_t>(ins.num_outputs)));
+  num_slots_ += ins.num_outputs;
+  instructions_.push_back(std::move(ins));
+  return instructions_.back().first_output_slot;
+}
+
+void HostGraph::set_outputs(std::vector<ArgTemplate> outputs) {
+  for (const auto& o : outputs) {
+    TORCH_CHECK(o.kind != ArgTemplate::Kind::List, "fusegraph host graph: a graph output must be a single value");
+    if (o.kind == ArgTemplate::Kind::Ref) {
+      TORCH_CHECK(o.ref.slot >= 0 && o.ref.slot < num_slots_, "fusegraph host graph: output refers to value ",
+                  o.ref.slot, " which the graph does not compute");
+    }
+  }
+  outputs_ = std::move(outputs);
+}
+
+void HostGraph::hold_constant(const at::Tensor& t) {
+  if (!t.defined()) return;
+  constants_.push_back(t);
+  if (t.has_storage()) constant_storages_.insert(t.storage().unsafeGetStorageImpl());
+}
+
+void HostGraph::finalize() {
+  // last use of every slot: an instruction index, or "never release" for graph outputs
+  const int32_t kKeep = std::numeric_limits<int32_t>::max();
+  std::vector<int32_t> last_use(num_slots_, -1);
+  auto use = [&](const ValueRef& r, int32_t at) { last_use[r.slot] = std::max(last_use[r.slot], at); };
+  for (int32_t i = 0; i < static_cast<int32_t>(instructions_.size()); ++i) {
+    for (const auto& a : instructions_[i].args) {
+      if (a.kind == ArgTemplate::Kind::Ref) use(a.ref, i);
+      for (const auto& e : a.elements) {
+        if (e.is_ref) use(e.ref, i);
+      }
+    }
+  }
+  for (const auto& o : outputs_) {
+    if (o.kind == ArgTemplate::Kind::Ref) last_use[o.ref.slot] = kKeep;
+  }
+  std::vector<int32_t> producer(num_slots_, -1);
+  for (int32_t i = 0; i < static_cast<int32_t>(instructions_.size()); ++i) {
+    const auto& ins = instructions_[i];
+    for (int32_t r = 0; r < ins.num_outputs; ++r) producer[ins.first_output_slot + r] = i;
+  }
+  for (int32_t s = 0; s < num_slots_; ++s) {
+    if (last_use[s] == kKeep) continue;
+    // never read: released right after it is produced; an unused input is left alone (the caller owns it)
+    int32_t at = last_use[s] >= 0 ? last_use[s] : producer[s];
+    if (at >= 0) instructions_[at].release.push_back(s);
+  }
+  finalized_ = true;
+}
+
+const c10::IValue& HostGraph::deref(const ValueRef& r, const std::vector<c10::IValue>& slots, c10::IValue& scratch) {
+  const c10::IValue& v = slots[r.slot];
+  if (r.item < 0) return v;
+  TORCH_CHECK(v.isList() || v.isTuple(), "fusegraph host graph: getitem on a value that is not a list");
+  const size_t n = v.isList() ? v.toListRef().size() : v.toTupleRef().elements().size();
+  TORCH_CHECK(static_cast<size_t>(r.item) < n, "fusegraph host graph: getitem ", r.item, " on a list of ", n);
+  scratch = v.isList() ? v.toListRef()[r.item] : v.toTupleRef().elements()[r.item];
+  return scratch;
+}
+
+c10::IValue HostGraph::materialize(const ArgTemplate& a, const std::vector<c10::IValue>& slots) const {
+  c10::IValue scratch;
+  switch (a.kind) {
+    case ArgTemplate::Kind::Constant:
+      return a.constant;
+    case ArgTemplate::Kind::Ref:
+      return deref(a.ref, slots, scratch);
+    case ArgTemplate::Kind::List: {
+      c10::impl::GenericList list(a.element_type);
+      list.reserve(a.elements.size());
+      for (const auto& e : a.elements) list.push_back(e.is_ref ? deref(e.ref, slots, scratch) : e.constant);
+      return list;
+    }
+  }
+  return {};
+}
+
+std::vector<c10::IValue> HostGraph::run(const std::vector<at::Tensor>& inputs) {
+  return run_impl(inputs, nullptr, nullptr);
+}
+
+std::vector<c10::IValue> HostGraph::run_timed(const std::vector<at::Tensor>& inputs, std::vector<double>* seconds,
+                                              double* release_seconds) {
+  seconds->assign(instructions_.size(), 0.0);
+  *release_seconds = 0.0;
+  return run_impl(inputs, seconds, release_seconds);
+}
+
+std::vector<c10::IValue> HostGraph::run_impl(const std::vector<at::Tensor>& inputs, std::vector<double>* seconds,
+                                             double* release_seconds) {
+  TORCH_CHECK(finalized_, "fusegraph host graph: run before finalize");
+  TORCH_CHECK(static_cast<int32_t>(inputs.size()) == num_inputs_, "fusegraph host graph: expected ", num_inputs_,
+              " tensor inputs, got ", inputs.size());
+  // Autograd work is skipped either way. Under the caller's inference mode we run in c10::InferenceMode;
+  // otherwise with the autograd keys excluded (ADInplaceOrView still tracks views and versions), so outputs
+  // are ordinary tensors the caller may still mutate in place (inference tensors refuse that outside
+  // inference mode). Same kernels either way: bitwise equal results.
+  std::optional<c10::InferenceMode> inference;
+  std::optional<c10::impl::ExcludeDispatchKeyGuard> below_autograd;
+  if (c10::InferenceMode::is_enabled()) {
+    inference.emplace();
+  } else {
+    below_autograd.emplace(c10::autograd_dispatch_keyset);
+  }
+  std::vector<c10::IValue> slots(num_slots_);
+  for (int32_t i = 0; i < num_inputs_; ++i) slots[i] = inputs[i];
+  torch::jit::Stack stack;
+  stack.reserve(max_args_);
+  for (size_t i = 0; i < instructions_.size(); ++i) {
+    const Instruction& ins = instructions_[i];
+    stack.clear();
+    for (const auto& a : ins.args) stack.push_back(materialize(a, slots));
+    if (seconds) {
+      auto t0 = std::chrono::steady_clock::now();
+      ins.op.callBoxed(stack);
+      (*seconds)[i] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    } else {
+      ins.op.callBoxed(stack);
+    }
+    TORCH_CHECK(static_cast<int32_t>(stack.size()) == ins.num_outputs, "fusegraph host graph: ", ins.name,
+                " returned ", stack.size(), " values, its schema declares ", ins.num_outputs);
+    for (int32_t r = 0; r < ins.num_outputs; ++r) slots[ins.first_output_slot + r] = std::move(stack[r]);
+    if (seconds) {
+      auto t0 = std::chrono::steady_clock::now();
+      for (int32_t s : ins.release) slots[s] = c10::IValue();
+      *release_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    } else {
+      for (int32_t s : ins.release) slots[s] = c10::IValue();
+    }
+  }
+  std::vector<c10::IValue> outputs;
+  outputs.reserve(outputs_.size());
+  for (const auto& o : outputs_) outputs.push_back(materialize(o, slots));
+  return outputs;
+}
+
+bool HostGraph::needs_clone(const at::Tensor& t) const {
+  return t.has_storage() && constant_storages_.count(t.storage().unsafeGetStorageImpl()) > 0;
+}
+
+}  // namespace fusegraph::graph

@@ -1,0 +1,92 @@
+#pragma once
+// The host graph (SPEC §4): an aten-level FX graph as a C++ program. Each node is an OperatorHandle found
+// once, its arguments IValue templates (constants held, tensors referenced by slot), replayed with
+// callBoxed in a C++ loop under c10::InferenceMode: no Python per op, the same kernels in the same order as
+// the FX graph's own Python execution, so results are bitwise equal. Values are released after their last
+// use, as the FX interpreter does. Inputs are bound without copies.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "graph/cache.h"
+
+namespace fusegraph::graph {
+
+// Where an argument's value comes from at run time.
+struct ValueRef {
+  int32_t slot = -1;  // the value computed by a node (or bound input)
+  int32_t item = -1;  // >= 0: element `item` of that (list) value, e.g. getitem on split's Tensor[]
+};
+
+// One element of a list argument that mixes references and constants (e.g. index's Tensor?[]).
+struct ElementTemplate {
+  bool is_ref = false;
+  ValueRef ref;
+  c10::IValue constant;
+};
+
+struct ArgTemplate {
+  enum class Kind { Constant, Ref, List };
+  Kind kind = Kind::Constant;
+  c10::IValue constant;                 // Constant
+  ValueRef ref;                         // Ref
+  c10::TypePtr element_type;            // List: the schema's element type
+  std::vector<ElementTemplate> elements;  // List
+};
+
+struct Instruction {
+  c10::OperatorHandle op;
+  std::vector<ArgTemplate> args;  // one per schema argument, defaults filled in
+  int32_t first_output_slot = 0;  // returns go to consecutive slots
+  int32_t num_outputs = 0;
+  std::vector<int32_t> release;   // slots whose last use is this instruction
+  std::string name;               // "aten::add.Tensor", for errors
+};
+
+class HostGraph final : public Executable {
+ public:
+  explicit HostGraph(int32_t num_inputs) : num_inputs_(num_inputs), num_slots_(num_inputs) {}
+
+  // Builder (the Python front walks the FX graph and calls these in node order).
+  // Returns the first slot of the node's results; throws when the op or an argument cannot be represented.
+  int32_t add_node(const c10::OperatorHandle& op, std::vector<ArgTemplate> args);
+  void set_outputs(std::vector<ArgTemplate> outputs);  // Constant or Ref templates
+  void finalize();  // computes the release lists; call once after set_outputs
+  void hold_constant(const at::Tensor& t);  // a tensor the graph keeps alive (frozen weights)
+
+  std::vector<c10::IValue> run(const std::vector<at::Tensor>& inputs) override;
+  // run() that also measures each instruction's callBoxed (the op's own time, dispatcher included) and the
+  // time spent releasing dead values (tensor frees), in seconds
+  std::vector<c10::IValue> run_timed(const std::vector<at::Tensor>& inputs, std::vector<double>* seconds,
+                                     double* release_seconds);
+  bool binds_inputs() const override { return true; }
+  bool outputs_are_fresh() const override { return true; }
+  bool needs_clone(const at::Tensor& t) const override;
+
+  size_t num_instructions() const { return instructions_.size(); }
+  int64_t constant_bytes() const { return storage_bytes(constants_); }
+  int32_t num_inputs() const { return num_inputs_; }
+
+ private:
+  std::vector<c10::IValue> run_impl(const std::vector<at::Tensor>& inputs, std::vector<double>* seconds,
+                                    double* release_seconds);
+  c10::IValue materialize(const ArgTemplate& a, const std::vector<c10::IValue>& slots) const;
+  static const c10::IValue& deref(const ValueRef& r, const std::vector<c10::IValue>& slots, c10::IValue& scratch);
+
+  int32_t num_inputs_;
+  int32_t num_slots_;
+  std::vector<Instruction> instructions_;
+  std::vector<ArgTemplate> outputs_;
+  std::vector<at::Tensor> constants_;
+  std::unordered_set<const void*> constant_storages_;
+  size_t max_args_ = 0;
+  bool finalized_ = false;
+};
+
+// The dispatcher's handle for "aten::add" / "Tensor" (overload "" for .default); throws a clear error.
+c10::OperatorHandle find_operator(const std::string& name, const std::string& overload);
+
+}  // namespace fusegraph::graph

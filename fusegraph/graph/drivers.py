@@ -1,0 +1,235 @@
+"""Drivers: how one signature is captured and replayed on one kind of device (SPEC §4).
+
+A driver turns ``flat_fn(*tensors) -> list`` plus the call's tensors into a ``Capture``: an Executable for
+the C++ cache (csrc/graph/cache.h), the static input buffers (empty when the executable binds the caller's
+tensors) and the measured memory. The cache, the checks and the copy plan are C++; drivers only capture.
+
+- ``HostDriver`` (CPU): traces to an aten graph with make_fx and builds the C++ host graph.
+- ``CudaDriver``: ``torch.cuda.CUDAGraph`` in one process-wide pool per device; replay is one
+  ``CUDAGraph.replay()``; input copies batched (``torch._foreach_copy_`` per dtype/shape group, grouped in C++)
+  on a dedicated copy stream ordered by events; no host synchronisation.
+- ``NpuDriver`` (Ascend): the same through ``torch.npu`` (``NPUGraph``, ``torch.npu.graph(..., pool=)``,
+  ``graph_pool_handle``, ``Stream``, events). Untested on real Ascend hardware: tests run it against a CPU
+  stand-in of exactly that surface (tests/graph/npu_standin.py).
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import threading
+from dataclasses import dataclass, field
+
+import torch
+
+from fusegraph import _C
+
+from .host import Unsupported, build_host_graph, trace_aten
+
+_log = logging.getLogger("fusegraph.graph")
+
+
+@dataclass
+class Capture:
+    executable: object                     # _C.graph.Executable
+    static_inputs: list                    # [] when the executable binds the caller's tensors
+    memory_bytes: int
+    fallback_reason: str | None = None     # set when the host graph fell back to the FX graph's Python code
+    info: dict = field(default_factory=dict)
+
+
+def storage_bytes(tensors) -> int:
+    """Bytes of the distinct storages among ``tensors`` (shared storage counted once)."""
+    seen, total = set(), 0
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            st = t.untyped_storage()
+            if st.data_ptr() not in seen:
+                seen.add(st.data_ptr())
+                total += st.nbytes()
+    return total
+
+
+def static_buffers(tensors, lazy: bool) -> list:
+    """The capture's static inputs. Lazy capture shares the caller's storage (``detach()``): calling again
+    with the same tensors is zero-copy. Eager capture owns its buffers (``detach().clone()``, same strides)."""
+    if lazy:
+        return [t.detach() for t in tensors]
+    return [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t.detach())
+            for t in tensors]
+
+
+class HostDriver:
+    name = "host"
+
+    def capture(self, flat_fn, tensors, options) -> Capture:
+        # warm-up and trace on copies of the same strides, so a function that mutates its inputs still
+        # mutates the caller's tensors exactly once (in the replay); overlapping layouts are traced as given
+        try:
+            work = static_buffers(tensors, lazy=False)
+        except RuntimeError:
+            work = list(tensors)
+        for _ in range(options.graph_warmup_runs):
+            flat_fn(*work)
+        gm = trace_aten(flat_fn, work)
+        try:
+            graph = build_host_graph(gm)
+        except Unsupported as e:
+            reason = f"host graph: {e}"
+            _log.info("fusegraph: %s; running the FX graph's Python code", reason)
+            exe = _C.graph.PyExecutable(lambda ts: list(gm(*ts)), [], binds_inputs=True, outputs_are_fresh=False)
+            return Capture(exe, [], 0, fallback_reason=reason, info={"gm": gm})
+        return Capture(graph, [], graph.constant_bytes, info={"gm": gm, "ops": graph.num_instructions})
+
+
+@contextlib.contextmanager
+def _quiet_memory_hooks(module):
+    """During a capture ``gc.collect`` and the device's ``empty_cache`` do nothing (the seed does the same):
+    a collection in the middle of a capture could free or move memory the graph has recorded."""
+    saved_gc, saved_empty = gc.collect, module.empty_cache
+    gc.collect = lambda *a, **k: 0
+    module.empty_cache = lambda *a, **k: None
+    try:
+        yield
+    finally:
+        gc.collect, module.empty_cache = saved_gc, saved_empty
+
+
+class _StreamGraphDriver:
+    """Shared by the CUDA and NPU drivers; ``_mod`` is ``torch.cuda`` or ``torch.npu``."""
+
+    name = "?"
+    _pools: dict = {}
+    _pools_lock = threading.Lock()
+
+    def _module(self):
+        raise NotImplementedError
+
+    def _new_graph(self, mod):
+        raise NotImplementedError
+
+    def _graph_context(self, mod, graph, pool, stream):
+        return mod.graph(graph, pool=pool, stream=stream)
+
+    def _memory_allocated(self, mod, device):
+        fn = getattr(mod, "memory_allocated", None)
+        return fn(device) if fn is not None else 0
+
+    def _per_device(self, mod, what, device, make):
+        """One object per (driver, device, what), shared by every entry of every runner: the memory pool
+        (``graph_pool_handle()``), the capture stream and the copy stream (streams are not free to create)."""
+        key = (self.name, id(mod), str(device), what)
+        with self._pools_lock:
+            if key not in self._pools:
+                self._pools[key] = make()
+            return self._pools[key]
+
+    def pool(self, mod, device):
+        return self._per_device(mod, "pool", device, mod.graph_pool_handle)
+
+    def capture(self, flat_fn, tensors, options) -> Capture:
+        mod = self._module()
+        device = tensors[0].device if tensors else None
+        # streams, pool and graph belong to the inputs' device, whatever the current device is
+        on_device = mod.device(device) if device is not None and hasattr(mod, "device") else contextlib.nullcontext()
+        with on_device:
+            return self._capture_on_device(mod, device, flat_fn, tensors, options)
+
+    def _capture_on_device(self, mod, device, flat_fn, tensors, options) -> Capture:
+        static = static_buffers(tensors, options.graph_lazy_capture)
+        side = self._per_device(mod, "capture_stream", device, mod.Stream)
+        compute = mod.current_stream()
+        side.wait_event(compute.record_event())
+        with mod.stream(side):  # warm-up off the capture (lets lazy init / autotuning happen outside it)
+            for _ in range(options.graph_warmup_runs):
+                flat_fn(*static)
+        compute.wait_event(side.record_event())
+        before = self._memory_allocated(mod, device)
+        graph = self._new_graph(mod)
+        with _quiet_memory_hooks(mod):
+            with self._graph_context(mod, graph, self.pool(mod, device), side):
+                outputs = flat_fn(*static)
+        pool_bytes = max(0, self._memory_allocated(mod, device) - before)
+        owned = [] if options.graph_lazy_capture else static
+        output_bytes = storage_bytes([o for o in outputs if isinstance(o, torch.Tensor)])
+        memory = storage_bytes(owned) + max(pool_bytes, output_bytes)
+        copier = self._per_device(mod, "copy_stream", device, lambda: _CopyStream(mod))
+        exe = _C.graph.PyExecutable(graph.replay, list(outputs), binds_inputs=False, outputs_are_fresh=False,
+                                    copy_fn=copier)
+        return Capture(exe, static, memory, info={"graph": graph})
+
+
+class _CopyStream:
+    """Input copies on a dedicated copy stream, ordered by events against the compute stream, no host sync.
+    The C++ copy plan hands over groups of one dtype/shape/stride each: one ``_foreach_copy_`` per group.
+    The sources stay safe for the allocator: the compute stream waits for the copies before any later work."""
+
+    def __init__(self, mod):
+        self.mod = mod
+        self.stream = mod.Stream()
+
+    def __call__(self, dst_groups, src_groups):
+        compute = self.mod.current_stream()
+        self.stream.wait_event(compute.record_event())  # the sources were produced on the compute stream
+        with self.mod.stream(self.stream):
+            for dsts, srcs in zip(dst_groups, src_groups):
+                torch._foreach_copy_(dsts, srcs)
+        compute.wait_event(self.stream.record_event())
+
+
+class CudaDriver(_StreamGraphDriver):
+    name = "cuda"
+
+    def _module(self):
+        return torch.cuda
+
+    def _new_graph(self, mod):
+        return mod.CUDAGraph()
+
+    def _graph_context(self, mod, graph, pool, stream):
+        return mod.graph(graph, pool=pool, stream=stream)
+
+
+class NpuDriver(_StreamGraphDriver):
+    name = "npu"
+
+    def _module(self):
+        return torch.npu
+
+    def _new_graph(self, mod):
+        return mod.NPUGraph()
+
+
+def npu_graph_available() -> bool:
+    """The seed's detection: both ``torch.npu.NPUGraph`` and ``torch.npu.graph`` exist."""
+    npu = getattr(torch, "npu", None)
+    return npu is not None and hasattr(npu, "NPUGraph") and hasattr(npu, "graph")
+
+
+def cuda_graph_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def select_driver(device_graph: str, device: torch.device):
+    """The driver for ``device_graph`` ("auto" = the inputs' device) or None with the reason."""
+    kind = device_graph
+    if kind == "auto":
+        kind = {"cuda": "cuda", "npu": "npu", "cpu": "host"}.get(device.type, device.type)
+    if kind == "none":
+        return None, "device_graph='none'"
+    if kind == "host":
+        return HostDriver(), None
+    if kind == "cuda":
+        return (CudaDriver(), None) if cuda_graph_available() else (None, "CUDA graphs unavailable")
+    if kind == "npu":
+        return (NpuDriver(), None) if npu_graph_available() else (None, "torch.npu.NPUGraph unavailable")
+    return None, f"no device graph for device type {device.type!r}"
+
+
+def device_graph_available(device, config=None):
+    """(True, None) when a graph route can capture for ``device`` under ``config.device_graph``, else
+    (False, why). What the backend asks before choosing a graph route (SPEC §1.2)."""
+    from .options import GraphOptions
+
+    driver, why = select_driver(GraphOptions.from_config(config).device_graph, torch.device(device))
+    return (driver is not None), why

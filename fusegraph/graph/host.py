@@ -1,0 +1,102 @@
+"""Host graph (CPU "device graph"): an aten-level FX graph turned into a C++ program (csrc/graph/host_graph.*).
+
+``build_host_graph(gm)`` walks the FX graph once: each ``call_function`` node whose target is an
+``OpOverload`` (aten::*, fusegraph::*, any dispatcher op) becomes an ``OperatorHandle`` with IValue argument
+templates; node results are referenced by slot (``ValueRef``); ``operator.getitem`` on a multi-output op is
+resolved to that output's slot, on a list result to an element reference; ``get_attr`` tensors are held as
+constants. The C++ loop then replays it with ``callBoxed`` — no Python per op. A node it cannot represent
+(a Python callable, a higher-order op, call_module/call_method) makes ``build_host_graph`` return the reason
+instead, and the caller runs the FX graph's own Python code.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx
+from torch.utils import _pytree as pytree
+
+from fusegraph import _C
+
+ValueRef = _C.graph.ValueRef
+HostGraph = _C.graph.HostGraph
+
+
+class Unsupported(Exception):
+    """A node the host graph cannot run; the message is the reason logged and counted in stats."""
+
+
+def trace_aten(fn, tensors):
+    """``fn(*tensors)`` traced to an aten-level FX graph (make_fx, real tensors, no grad): the ops the eager
+    call dispatches after autograd, composite ops decomposed, custom (fusegraph::) ops kept whole."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with torch.no_grad():
+        return make_fx(fn, tracing_mode="real")(*tensors)
+
+
+def build_host_graph(gm: torch.fx.GraphModule) -> HostGraph:
+    """The C++ host graph of ``gm`` (placeholders are its tensor inputs, in order; its output a flat list or
+    tuple). Raises ``Unsupported`` naming the first node it cannot represent."""
+    nodes = list(gm.graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    graph = HostGraph(len(placeholders))
+    env = {}  # node -> ValueRef, a constant, or ("multi", first_slot, count) for multi-result ops
+    for i, n in enumerate(placeholders):
+        env[n] = ValueRef(i)
+
+    def value(a):
+        if isinstance(a, torch.fx.Node):
+            v = env[a]
+            if isinstance(v, tuple):
+                raise Unsupported(f"node {a.name} ({a.target}) returns several values and is used whole")
+            return v
+        if isinstance(a, (list, tuple)):
+            return type(a)(value(x) for x in a)
+        if isinstance(a, dict):
+            raise Unsupported(f"dict argument {a!r}")
+        return a
+
+    for n in nodes:
+        if n.op == "placeholder":
+            continue
+        if n.op == "get_attr":
+            obj = gm
+            for part in n.target.split("."):
+                obj = getattr(obj, part)
+            if not isinstance(obj, torch.Tensor):
+                raise Unsupported(f"get_attr {n.target} is a {type(obj).__name__}, not a tensor")
+            env[n] = obj
+        elif n.op == "call_function" and n.target is operator.getitem:
+            src, idx = n.args
+            v = env.get(src) if isinstance(src, torch.fx.Node) else None
+            if isinstance(v, tuple):  # an op with several returns: its i-th result slot
+                _, first, count = v
+                if not isinstance(idx, int) or not 0 <= idx < count:
+                    raise Unsupported(f"getitem {idx!r} on {src.name} with {count} results")
+                env[n] = ValueRef(first + idx)
+            elif isinstance(v, ValueRef) and v.item < 0 and isinstance(idx, int):  # element of a list result
+                env[n] = ValueRef(v.slot, idx)
+            else:
+                raise Unsupported(f"getitem on {src!r}")
+        elif n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
+            schema = n.target._schema
+            try:
+                first = graph.add_node(schema.name, schema.overload_name, [value(a) for a in n.args],
+                                       {k: value(v) for k, v in n.kwargs.items()})
+            except Unsupported:
+                raise
+            except Exception as e:  # an argument the dispatcher's types cannot hold
+                raise Unsupported(f"{n.target}: {str(e).splitlines()[0]}") from e
+            count = len(schema.returns)
+            env[n] = ValueRef(first) if count == 1 else ("multi", first, count) if count > 1 else None
+        elif n.op == "output":
+            outs = pytree.tree_leaves(n.args[0])
+            if not isinstance(n.args[0], (list, tuple)) or len(outs) != len(n.args[0]):
+                raise Unsupported("the graph output is not a flat list or tuple")
+            graph.set_outputs([value(o) for o in outs])
+        else:
+            target = getattr(n.target, "__name__", repr(n.target))
+            raise Unsupported(f"unsupported node {n.op} {target}")
+    graph.finalize()
+    return graph

@@ -1,0 +1,170 @@
+"""The NPU driver against the CPU stand-in of torch.npu's graph surface (npu_standin.py). Real Ascend
+hardware is untested."""
+import gc
+import types
+
+import torch
+
+from fusegraph.graph import GraphRunner, npu_graph_available
+
+
+def cfg(**kw):
+    return types.SimpleNamespace(device_graph="npu", **kw)
+
+
+def fn(x, w):
+    return torch.tanh(x @ w) + x
+
+
+def test_detection_needs_npugraph_and_graph(npu, monkeypatch):
+    assert npu_graph_available()
+    monkeypatch.delattr(npu, "graph")
+    assert not npu_graph_available()
+
+
+def test_replay_reuses_the_graph_and_matches_eager(npu):
+    r = GraphRunner(fn, cfg())
+    w = torch.randn(8, 8)
+    for _ in range(3):
+        x = torch.randn(4, 8)
+        torch.testing.assert_close(r(x, w), fn(x, w), rtol=0, atol=0)
+    assert r.stats.graphs_captured == 1 and r.stats.replays == 3
+
+
+def test_eager_capture_owns_its_buffers_lazy_shares_the_callers(npu):
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    eager = GraphRunner(fn, cfg(graph_lazy_capture=False))
+    eager(x, w)
+    eager(x, w)
+    # eager capture: static buffers are clones, so the same caller tensors are copied in every time
+    assert eager.stats.inputs_skipped == 0 and eager.stats.inputs_copied == 4
+    lazy = GraphRunner(fn, cfg(graph_lazy_capture=True))
+    lazy(x, w)
+    lazy(x, w)
+    # lazy capture: static buffers are detach() of the first call's inputs: the same tensors are zero-copy
+    assert lazy.stats.inputs_skipped == 4 and lazy.stats.inputs_copied == 0
+    x2 = torch.randn(4, 8)
+    torch.testing.assert_close(lazy(x2, w), fn(x2, w), rtol=0, atol=0)
+    assert lazy.stats.inputs_copied == 1 and lazy.stats.inputs_skipped == 5
+    # the copy went into the static buffer, which is the first caller's storage (the seed's lazy rule)
+    torch.testing.assert_close(x, x2, rtol=0, atol=0)
+
+
+def test_zero_copy_skip_needs_same_pointer_and_strides(npu):
+    r = GraphRunner(lambda x: x * 2, cfg(graph_lazy_capture=True))
+    buf = torch.randn(4, 4)
+    r(buf)
+    r(buf.view(4, 4))  # same storage, same strides: skipped
+    assert r.stats.inputs_skipped == 2 and r.stats.inputs_copied == 0
+    torch.testing.assert_close(r(buf.t().contiguous().t()), buf * 2, rtol=0, atol=0)  # other strides: copied
+    assert r.stats.inputs_copied == 1
+
+
+def test_copies_run_on_a_copy_stream_ordered_by_events(npu):
+    r = GraphRunner(fn, cfg())
+    w = torch.randn(8, 8)
+    r(torch.randn(4, 8), w)
+    compute = npu.current_stream()
+    before = len(compute.waited)
+    r(torch.randn(4, 8), w)
+    assert len(compute.waited) == before + 1  # the compute stream waits on the copy stream's event
+    copy_stream = compute.waited[-1].recorded_on
+    assert copy_stream is not compute and copy_stream.waited  # which waited on the compute stream first
+
+
+def test_safe_output_mode_clones_and_off_returns_the_graph_buffer(npu):
+    x = torch.randn(4, 8)
+    w = torch.randn(8, 8)
+    safe = GraphRunner(fn, cfg())
+    out = safe(x, w)
+    out.add_(100)
+    torch.testing.assert_close(safe(x, w), fn(x, w), rtol=0, atol=0)
+    raw = GraphRunner(fn, cfg(safe_output_mode=False))
+    a = raw(x, w)
+    b = raw(x * 2, w)
+    assert a.data_ptr() == b.data_ptr()  # overwritten by the next replay, as documented
+    torch.testing.assert_close(a, fn(x * 2, w), rtol=0, atol=0)
+
+
+def test_gc_and_empty_cache_are_noops_during_capture(npu, monkeypatch):
+    calls = {"gc": 0, "empty_cache": 0}
+
+    def count(name):
+        def f(*a, **k):
+            calls[name] += 1
+        return f
+
+    monkeypatch.setattr(gc, "collect", count("gc"))
+    monkeypatch.setattr(npu, "empty_cache", count("empty_cache"))
+    r = GraphRunner(lambda x: x + 1, cfg())
+    r(torch.randn(3))
+    assert r.stats.graphs_captured == 1
+    assert calls == {"gc": 0, "empty_cache": 0}  # torch.npu.graph's own calls were no-ops
+    gc.collect(), npu.empty_cache()  # restored afterwards
+    assert calls == {"gc": 1, "empty_cache": 1}
+
+
+def test_one_pool_per_device_shared_by_entries(npu):
+    pools = []
+    real = npu.NPUGraph.capture_begin
+
+    def spy(self, pool=None, capture_error_mode="global"):
+        pools.append(pool)
+        return real(self, pool=pool, capture_error_mode=capture_error_mode)
+
+    npu.NPUGraph.capture_begin = spy
+    try:
+        a, b = GraphRunner(lambda x: x + 1, cfg()), GraphRunner(lambda x: x * 3, cfg())
+        a(torch.randn(2)), a(torch.randn(3)), b(torch.randn(2))
+    finally:
+        npu.NPUGraph.capture_begin = real
+    assert len(pools) == 3 and pools[0] is not None and all(p == pools[0] for p in pools)
+
+
+def test_memory_measure_and_budget(npu):
+    r = GraphRunner(lambda x: x * 2, cfg(graph_memory_budget=3 * 4096))
+    for n in (1024, 1025, 1026):
+        r(torch.randn(n))
+    # each entry owns its static input clone and its output (~8 KiB): the budget keeps one
+    assert r.stats.evictions == 2 and r.num_entries == 1
+
+
+def test_two_threads_share_one_npu_runner(npu):
+    import threading
+
+    r = GraphRunner(fn, cfg(graph_max_entries=2))
+    w = torch.randn(8, 8)
+    errors = []
+
+    def worker(rows):
+        try:
+            for i in range(30):
+                x = torch.randn(rows + i % 3, 8)
+                torch.testing.assert_close(r(x, w), fn(x, w), rtol=0, atol=0)
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in (2, 6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert r.stats.replays == 60
+
+
+def test_streams_are_shared_not_created_per_entry(npu, monkeypatch):
+    created = []
+    real = npu.Stream
+
+    class CountingStream(real):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            created.append(self)
+
+    monkeypatch.setattr(npu, "Stream", CountingStream)
+    r = GraphRunner(lambda x: x + 1, cfg())
+    for n in range(1, 6):
+        r(torch.randn(n))
+    assert r.stats.graphs_captured == 5
+    assert len(created) == 2  # one capture stream and one copy stream for the device

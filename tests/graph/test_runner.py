@@ -1,0 +1,292 @@
+"""GraphRunner on CPU through the C++ host graph: entries per signature, eviction, fallbacks, outputs,
+threads, debug warnings (SPEC §4)."""
+import logging
+import threading
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fusegraph.graph import GraphRunner, compile_graph_route
+
+
+def cfg(**kw):
+    return types.SimpleNamespace(**kw)
+
+
+def block_fn(x, w):
+    y = F.layer_norm(x, (x.shape[-1],))
+    a, b = y.chunk(2, dim=-1)
+    return torch.relu(a) * b + w
+
+
+def test_same_signature_reuses_its_entry():
+    r = GraphRunner(block_fn)
+    w = torch.randn(4)
+    for _ in range(3):
+        x = torch.randn(3, 8)
+        torch.testing.assert_close(r(x, w), block_fn(x, w), rtol=0, atol=0)
+    assert r.stats.graphs_captured == 1
+    assert r.stats.replays == 3
+    assert r.num_entries == 1
+
+
+def test_new_shape_captures_a_new_entry():
+    r = GraphRunner(block_fn)
+    w = torch.randn(4)
+    r(torch.randn(3, 8), w)
+    x = torch.randn(5, 8)
+    torch.testing.assert_close(r(x, w), block_fn(x, w), rtol=0, atol=0)
+    assert r.stats.graphs_captured == 2
+    assert r.stats.recaptures == 1
+    assert r.num_entries == 2
+
+
+def test_dtype_change_captures():
+    r = GraphRunner(block_fn)
+    r(torch.randn(3, 8), torch.randn(4))
+    x, w = torch.randn(3, 8, dtype=torch.float64), torch.randn(4, dtype=torch.float64)
+    out = r(x, w)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, block_fn(x, w), rtol=0, atol=0)
+    assert r.stats.graphs_captured == 2
+
+
+def test_dtype_change_raises_without_recapture():
+    r = GraphRunner(block_fn, cfg(graph_recapture=False))
+    r(torch.randn(3, 8), torch.randn(4))
+    with pytest.raises(RuntimeError) as e:
+        r(torch.randn(3, 8), torch.randn(4, dtype=torch.float64))
+    msg = str(e.value)
+    assert "fusegraph: graph input mismatch at position 1: captured tensor(shape=[4], dtype=Float" in msg
+    assert "got tensor(shape=[4], dtype=Double" in msg
+    assert r.stats.graphs_captured == 1
+
+
+def test_non_tensor_arguments_are_keyed_by_value():
+    r = GraphRunner(lambda x, scale: x * scale)
+    x = torch.randn(4)
+    torch.testing.assert_close(r(x, 2.0), x * 2.0, rtol=0, atol=0)
+    torch.testing.assert_close(r(x, 3.0), x * 3.0, rtol=0, atol=0)
+    torch.testing.assert_close(r(x, scale=3.0), x * 3.0, rtol=0, atol=0)  # another argument structure
+    assert r.stats.graphs_captured == 3
+
+
+def _shapes_resident(r):
+    return r.entry_ids()
+
+
+@pytest.mark.parametrize("policy", ["fifo", "lru"])
+def test_eviction_order(policy):
+    r = GraphRunner(lambda x: x.sin(), cfg(graph_max_entries=2, graph_eviction=policy))
+    a, b, c = torch.randn(1), torch.randn(2), torch.randn(3)
+    r(a), r(b)
+    ids = r.entry_ids()
+    r(a)  # a hit: LRU makes a the most recent, FIFO ignores it
+    r(c)
+    assert r.stats.evictions == 1
+    assert r.num_entries == 2
+    kept = r.entry_ids()
+    assert kept[:1] == ([ids[1]] if policy == "fifo" else [ids[0]])
+    captured = r.stats.graphs_captured
+    r(a if policy == "lru" else b)  # still resident: no capture
+    assert r.stats.graphs_captured == captured
+
+
+def test_memory_budget_evicts_by_measured_memory():
+    # constants held by the graph are its measured memory: 4 KiB per entry here
+    weights = {n: torch.randn(1024) for n in (1, 2, 3)}
+    r = GraphRunner(lambda x: x + weights[x.shape[0]].sum(), cfg(graph_memory_budget=9000))
+    for n in (1, 2):
+        r(torch.randn(n))
+    assert r.stats.graph_memory_bytes == 2 * 4096
+    r(torch.randn(3))
+    assert r.stats.evictions == 1
+    assert r.num_entries == 2
+    assert r.stats.graph_memory_bytes == 2 * 4096
+
+
+def test_caller_mutating_an_output_does_not_change_the_next_replay():
+    const = torch.randn(4)
+    r = GraphRunner(lambda x: (x * 2, const))  # the second output is the graph's own constant
+    x = torch.randn(4)
+    out, c = r(x)
+    out.add_(100), c.add_(100)
+    out2, c2 = r(x)
+    torch.testing.assert_close(out2, x * 2, rtol=0, atol=0)
+    torch.testing.assert_close(c2, const, rtol=0, atol=0)
+
+
+def test_host_graph_binds_inputs_and_copies_only_other_layouts():
+    r = GraphRunner(lambda x: x.exp())
+    x = torch.randn(4, 6)
+    r(x)
+    r(torch.randn(4, 6))
+    assert r.stats.inputs_skipped == 2 and r.stats.inputs_copied == 0
+    t = torch.randn(6, 4).t()  # same signature, other strides: re-laid out for the graph
+    torch.testing.assert_close(r(t), t.exp(), rtol=0, atol=0)
+    assert r.stats.inputs_copied == 1
+
+
+def test_unsupported_node_falls_back_to_fx_python_with_reason():
+    def fn(x):
+        return torch.cond(x.sum() > 0, lambda t: t.sin(), lambda t: t.cos(), (x,))
+
+    r = GraphRunner(fn)
+    x = torch.randn(5)
+    torch.testing.assert_close(r(x), fn(x), rtol=0, atol=0)
+    torch.testing.assert_close(r(-x.abs()), fn(-x.abs()), rtol=0, atol=0)
+    (reason,) = r.stats.fallbacks
+    assert reason.startswith("host graph:") and "get_attr" in reason
+
+
+def test_capture_failure_falls_back_eager_without_an_entry():
+    def fn(x):
+        if x.shape[0] == 3:
+            raise RuntimeError("cannot capture this one")
+        return x + 1
+
+    r = GraphRunner(fn)
+    r(torch.randn(2))
+    with pytest.raises(RuntimeError, match="cannot capture"):
+        r(torch.randn(3))  # eager fallback runs fn, which raises the same error uncaptured
+    assert r.num_entries == 1
+    assert any("cannot capture this one" in k for k in r.stats.fallbacks)
+
+
+def test_fallback_eager_runs_uncaptured_and_raise_reraises(npu):
+    def fn(x):
+        return x * x.sum().item()  # a host sync: not capturable into a device graph
+
+    r = GraphRunner(fn, cfg(device_graph="npu"))
+    x = torch.randn(4)
+    torch.testing.assert_close(r(x), fn(x), rtol=0, atol=0)
+    torch.testing.assert_close(r(x), fn(x), rtol=0, atol=0)
+    assert r.num_entries == 0 and r.stats.graphs_captured == 0
+    (reason,) = r.stats.fallbacks
+    assert "npu capture failed" in reason and ".item()" in reason
+    assert r.stats.eager_calls == 2
+    strict = GraphRunner(fn, cfg(device_graph="npu", graph_fallback="raise"))
+    with pytest.raises(RuntimeError, match="host synchronisation"):
+        strict(x)
+    assert strict.num_entries == 0
+
+
+def test_two_threads_share_one_runner():
+    r = GraphRunner(block_fn, cfg(graph_max_entries=3))
+    w = torch.randn(4)
+    errors = []
+
+    def worker(rows):
+        try:
+            for i in range(40):
+                x = torch.randn(rows + i % 3, 8)
+                torch.testing.assert_close(r(x, w), block_fn(x, w), rtol=0, atol=0)
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in (2, 7)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert r.stats.replays == 80
+
+
+def test_debug_warns_on_address_drift(caplog, npu):
+    r = GraphRunner(lambda x: x + 1, cfg(device_graph="npu", graph_lazy_capture=True))
+    x = torch.randn(4)
+    r(x)
+    with caplog.at_level(logging.DEBUG, logger="fusegraph.graph"):
+        r(x)
+        assert not [m for m in caplog.messages if "captured address" in m]
+        r(torch.randn(4))
+    assert any("not at the captured address" in m and "static buffer" in m for m in caplog.messages)
+    host = GraphRunner(lambda x: x + 1)  # the host graph binds any address: no warning
+    host(x)
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="fusegraph.graph"):
+        host(torch.randn(4))
+    assert not [m for m in caplog.messages if "captured address" in m]
+
+
+def test_warmup_runs_happen_before_capture():
+    calls = []
+
+    def fn(x):
+        calls.append(1)
+        return x + 1
+
+    r = GraphRunner(fn, cfg(graph_warmup_runs=3))
+    r(torch.randn(2))
+    assert len(calls) == 3 + 1  # 3 warm-up runs + the trace; the replay runs no Python
+    r(torch.randn(2))
+    assert len(calls) == 4
+
+
+def test_compile_graph_route_eager_captures_at_compile_time():
+    gm = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()))
+    x = torch.randn(2, 8)
+    route = compile_graph_route(gm, [x], cfg(graph_lazy_capture=False), None)
+    assert route.stats.graphs_captured == 1
+    with torch.no_grad():
+        torch.testing.assert_close(route(x), gm(x), rtol=0, atol=0)
+    lazy = compile_graph_route(gm, [x], cfg(graph_lazy_capture=True), None)
+    assert lazy.stats.graphs_captured == 0
+    lazy(x)
+    assert lazy.stats.graphs_captured == 1
+
+
+def test_bad_config_values_name_the_field():
+    with pytest.raises(ValueError, match="graph_eviction"):
+        GraphRunner(lambda x: x, cfg(graph_eviction="random"))
+    with pytest.raises(ValueError, match="graph_max_entries"):
+        GraphRunner(lambda x: x, cfg(graph_max_entries=-1))
+    with pytest.raises(TypeError, match="safe_output_mode"):
+        GraphRunner(lambda x: x, cfg(safe_output_mode="yes"))
+
+
+def test_a_function_mutating_its_input_mutates_it_once_per_call():
+    def fn(x):
+        x.add_(1)
+        return x * 2
+
+    r = GraphRunner(fn, cfg(graph_warmup_runs=2))
+    x = torch.zeros(3)
+    out = r(x)
+    torch.testing.assert_close(x, torch.ones(3), rtol=0, atol=0)
+    torch.testing.assert_close(out, torch.full((3,), 2.0), rtol=0, atol=0)
+    r(x)
+    torch.testing.assert_close(x, torch.full((3,), 2.0), rtol=0, atol=0)
+
+
+def test_device_graph_available_for_the_backend(npu):
+    from fusegraph.graph import device_graph_available
+
+    assert device_graph_available("cpu", cfg()) == (True, None)
+    assert device_graph_available("cpu", cfg(device_graph="npu")) == (True, None)  # the stand-in
+    ok, why = device_graph_available("cpu", cfg(device_graph="none"))
+    assert not ok and "none" in why
+    if not torch.cuda.is_available():
+        ok, why = device_graph_available("cuda", cfg())
+        assert not ok and "CUDA" in why
+
+
+def test_graph_runner_is_reachable_from_the_package():
+    import fusegraph
+
+    assert fusegraph.graph.GraphRunner is GraphRunner
+
+
+def test_inference_mode_callers_get_inference_tensors_others_mutable_ones():
+    r = GraphRunner(block_fn)
+    x, w = torch.randn(3, 8), torch.randn(4)
+    with torch.inference_mode():
+        out = r(x, w)
+        torch.testing.assert_close(out, block_fn(x, w), rtol=0, atol=0)
+        assert out.is_inference()
+    out = r(x, w)
+    assert not out.is_inference()
+    out.add_(1)  # an ordinary tensor: in-place works outside inference mode
