@@ -41,7 +41,7 @@ def _log_once(reason: str) -> None:
         if reason in _logged_reasons:
             return
         _logged_reasons.add(reason)
-    log.warning("fusegraph: %s; running the default route", reason)
+    log.warning("fusegraph: %s", reason)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -200,7 +200,7 @@ class Backend:
         ok, why = _device_graph_available(example_inputs, cfg)
         if ok:
             return wanted, None
-        return "default", f"{wanted} requested but {why}"
+        return "default", f"{wanted} requested but {why}; running the default route"
 
     def _fallback(self, reason: str) -> None:
         self.stats.add_fallback(reason)

@@ -110,8 +110,7 @@ def remove_redundant_nodes(graph: torch.fx.Graph) -> int:
     return before - len(graph.nodes)
 
 
-_SPLITS = (torch.ops.aten.split.Tensor, torch.ops.aten.split_with_sizes.default,
-           torch.ops.aten.unbind.int, torch.ops.aten.chunk.default)
+_SPLITS = (torch.ops.aten.split.Tensor, torch.ops.aten.split_with_sizes.default, torch.ops.aten.chunk.default)
 
 
 def _remove_single_piece_splits(graph: torch.fx.Graph) -> None:
@@ -126,8 +125,6 @@ def _remove_single_piece_splits(graph: torch.fx.Graph) -> None:
         src_val = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
         if not isinstance(val, (list, tuple)) or len(val) != 1 or src_val is None:
             continue
-        if node.target is torch.ops.aten.unbind.int:
-            continue  # one piece of an unbind drops a dim: not an identity
         if tuple(val[0].shape) != tuple(src_val.shape) or val[0].stride() != src_val.stride():
             continue
         for user in list(node.users):
