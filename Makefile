@@ -8,7 +8,7 @@ BUILD_DIR ?= build
 JOBS ?= 2
 DEPS_STAMP := $(VENV)/.fusegraph-deps
 
-.PHONY: all demo test build venv system-deps cpp-test pytest bench clean
+.PHONY: all demo test build venv system-deps cpp-test pytest bench device-wheels clean
 
 all: build
 
@@ -52,6 +52,10 @@ demo: build
 
 bench: build
 	$(PY) -m fusegraph bench ops
+
+# The GPU machine has no network and no diffusers: scripts/device_check.sh installs this wheel when carried.
+device-wheels: $(DEPS_STAMP)
+	$(PY) -m pip download --quiet --no-deps --dest wheels "diffusers==$$(sed -n 's/^diffusers==//p' requirements.txt)"
 
 clean:
 	rm -rf $(BUILD_DIR) fusegraph/_C*.so

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Device check, one call on a GPU machine (no network): build fusegraph._C with CUDA against the
-# installed torch, run the C++ tests, the op tests (CUDA and CPU) and the CUDA op benchmark.
+# installed torch, run the C++ tests, the op tests (CUDA and CPU), the graph-runtime tests, the decode and
+# op benchmarks on CUDA, and the fusion tests on that machine's torch.
 # Usage (repo root):  OUT=/some/dir scripts/device_check.sh     (OUT defaults to ./out)
 # Every step's output is tee'd to $OUT/<step>.log; a summary is printed at the end and written to
-# $OUT/summary.txt. Exit status: 0 when every step passed, else 1. Budget: BUDGET_S (450 s) for all steps.
+# $OUT/summary.txt. Exit status: 0 when every step passed, else 1. Budget: BUDGET_S (470 s) for all steps.
 set -uo pipefail  # not -e: a failing step is recorded and the later steps still run
 
 cd "$(dirname "$0")/.."
@@ -13,7 +14,7 @@ PY="${PYTHON:-$(command -v python3 || command -v python)}"
 BUILD_DIR="${BUILD_DIR:-build-cuda}"
 JOBS="${JOBS:-$(nproc)}"
 START=$(date +%s)
-BUDGET_S="${BUDGET_S:-450}"  # all steps together; each step's timeout is cut to what is left
+BUDGET_S="${BUDGET_S:-470}"  # all steps together; each step's timeout is cut to what is left
 declare -a SUMMARY=()
 STATUS=0
 
@@ -104,6 +105,9 @@ else
   skip cpp_tests "no GoogleTest (libgtest.a) on this machine"
 fi
 step cuda_tests 150 "$PY" -m pytest tests/ops/test_cuda_ops.py -q -p no:cacheprovider --durations=10 -rs
+# Graph runtime on CUDA: CUDA-graph driver tests (and the host-graph/NPU stand-in tests, on this torch).
+step graph_tests 120 "$PY" -m pytest tests/graph -q -p no:cacheprovider -rs
+step bench_decode 90 "$PY" -m fusegraph bench decode --device cuda --dtype bfloat16
 step op_tests 120 "$PY" -m pytest tests/ops -q -p no:cacheprovider --ignore=tests/ops/test_cuda_ops.py -rs
 
 # ---- quick kernel timing (independent of the bench CLI): fused op vs eager vs a copy of the same bytes ----
@@ -168,19 +172,23 @@ json.dump(dict(device=torch.cuda.get_device_name(0), torch=torch.__version__,
                shapes=dict(B=B, S=S, D=D, H=H, HD=HD), results=results), open(sys.argv[1], "w"), indent=1)
 PYEOF
 
-# ---- benchmark (another helper's command; run it only when it exists) ----
-if [ -f fusegraph/bench/ops.py ] || [ -d fusegraph/bench/ops ]; then
-  step bench_ops 90 "$PY" -m fusegraph bench ops --device cuda --json "$OUT/bench_ops_cuda.json"
-else
-  skip bench_ops "'python -m fusegraph bench ops' not available in this tree"
+# ---- benchmarks and the fusion passes on this machine's torch (2.11) ----
+step bench_ops 90 "$PY" -m fusegraph bench ops --device cuda --json "$OUT/bench_ops_cuda.json"
+# diffusers is not installed there: `make device-wheels` downloads its wheel into wheels/ here; carry it
+# (run's carry=["wheels"]) and it is unpacked into a temporary folder on PYTHONPATH (no network needed).
+if ! "$PY" -c "import diffusers" 2>/dev/null && ls wheels/diffusers-*.whl >/dev/null 2>&1; then
+  DIFFUSERS_DIR="$(mktemp -d)"
+  "$PY" -m pip install --quiet --no-deps --no-index --target "$DIFFUSERS_DIR" wheels/diffusers-*.whl &&
+    export PYTHONPATH="$DIFFUSERS_DIR${PYTHONPATH:+:$PYTHONPATH}"
 fi
+step fusion_tests 150 "$PY" -m pytest tests/fusion -q -p no:cacheprovider -rs
 
 # ---- summary ----
 {
   echo "=== summary ($(( $(date +%s) - START ))s in all; logs in $OUT)"
   for line in "${SUMMARY[@]}"; do echo "  $line"; done
-  grep -hE "^(FAILED|ERROR) " "$OUT"/cuda_tests.log "$OUT"/op_tests.log 2>/dev/null | head -40
-  for t in cuda_tests op_tests; do
+  grep -hE "^(FAILED|ERROR) " "$OUT"/cuda_tests.log "$OUT"/graph_tests.log "$OUT"/op_tests.log "$OUT"/fusion_tests.log 2>/dev/null | head -40
+  for t in cuda_tests graph_tests op_tests fusion_tests; do
     echo "  $t: $(grep -aE "[0-9]+ (passed|failed|skipped|errors?).* in [0-9.]+s" "$OUT/$t.log" 2>/dev/null | tail -1)"
   done
   [ "$STATUS" = 0 ] && echo "RESULT: all steps passed" || echo "RESULT: some steps failed"

@@ -1,4 +1,5 @@
-"""``python -m fusegraph demo`` (``make demo``): one DiT block, eager PyTorch vs fusegraph's fused ops.
+"""``python -m fusegraph demo`` (``make demo``): fusegraph's fused ops in one DiT block, then the backend on a
+tiny diffusers Flux transformer (eager vs torch.compile vs fusegraph's routes).
 
 The block is shaped like diffusers' ``FluxSingleTransformerBlock``: AdaLN-Zero modulation -> attention with
 QK RMSNorm and interleaved RoPE -> tanh-GELU MLP in parallel -> concat, projection, gated residual. It is
@@ -6,8 +7,8 @@ written twice with the same weights: ``block_eager`` (plain PyTorch, as diffuser
 ``block_fused`` (the five fusable chains replaced by ``fusegraph.ops``; matmuls and attention unchanged).
 
 The demo is a list of sections (``SECTIONS``); each takes the shared :class:`Demo` state, prints its part
-and returns its numbers for ``--json``. A new part (e.g. compiling a tiny diffusers Flux transformer with
-the fusegraph backend) is one more function appended to ``SECTIONS``.
+and returns its numbers for ``--json``. The last section compiles a tiny diffusers ``FluxTransformer2DModel``
+with ``torch.compile(backend=fusegraph.Backend(...))`` (``fusegraph.bench.model``).
 """
 from __future__ import annotations
 
@@ -128,6 +129,7 @@ class Demo:
     dtypes: list
     warmup: int
     reps: int
+    quick: bool
     params64: dict
     inputs64: dict
     results: dict = field(default_factory=dict)
@@ -171,9 +173,21 @@ def section_timing(d: Demo) -> dict:
     return out
 
 
+def section_flux_compile(d: Demo) -> dict:
+    """The main job: a tiny diffusers FluxTransformer2DModel (2 double + 2 single blocks, random weights)
+    compiled with the fusegraph backend, side by side with eager and torch.compile's default (Inductor):
+    fusion counts, max diff vs eager, compile time and steady-state medians (fp32). --quick leaves out the
+    Inductor variants (their C++ compiles take minutes on 2 cores)."""
+    from .model import VARIANTS, benchmark_model
+
+    variants = [v for v in VARIANTS if not (d.quick and v in ("inductor", "fusegraph"))]
+    return benchmark_model("flux", "fp32", d.device, reps=d.reps, variants_wanted=variants)
+
+
 SECTIONS = [
     ("accuracy: fused block vs eager and vs float64 eager (max abs error)", section_accuracy),
     ("timing: one block, medians of warm runs", section_timing),
+    ("torch.compile(backend=fusegraph) on a tiny diffusers Flux transformer", section_flux_compile),
 ]
 
 
@@ -198,7 +212,7 @@ def main(argv) -> int:
         return 2
     cfg = QUICK if args.quick else BlockConfig()
     reps = args.reps if args.reps is not None else (3 if args.quick else 7)
-    d = Demo(cfg=cfg, device=device, dtypes=dtypes, warmup=1, reps=reps,
+    d = Demo(cfg=cfg, device=device, dtypes=dtypes, warmup=1, reps=reps, quick=args.quick,
              params64=make_params(cfg), inputs64=make_inputs(cfg))
     print(f"fusegraph demo: {timing.machine_summary(device)}")
     print(f"block: Flux single-block shape, batch {cfg.batch}, seq {cfg.seq}, hidden {cfg.hidden}, "

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from .timing import fmt_time, machine_summary, synchronize
+from .timing import fmt_time, interleaved_seconds, machine_summary
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -94,18 +94,11 @@ def compile_variant(name, make_fn, inputs, reference):
 
 
 def time_round_robin(fns: dict, inputs, device, reps: int, warmup: int = 2) -> dict:
-    """Median seconds per variant, timing one call of each variant in turn per round, so that a machine whose
-    load changes over time (shared CI, other jobs) biases every variant alike."""
-    times = {name: [] for name in fns}
+    """Median seconds per variant, measured in turn rep by rep (timing.interleaved_seconds) so that a machine
+    whose load changes over time biases every variant alike."""
+    calls = {name: (lambda fn=fn: fn(**inputs)) for name, fn in fns.items()}
     with torch.no_grad():
-        for r in range(warmup + reps):
-            for name, fn in fns.items():
-                synchronize(device)
-                t0 = time.perf_counter()
-                fn(**inputs)
-                synchronize(device)
-                if r >= warmup:
-                    times[name].append(time.perf_counter() - t0)
+        times = interleaved_seconds(calls, device=device, warmup=warmup, reps=reps)
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
@@ -133,16 +126,34 @@ def main(argv=None) -> int:
 
 
 def _run(args, variants_wanted) -> int:
+    unknown = [v for v in variants_wanted if v not in VARIANTS]
+    if unknown:
+        print(f"unknown variant(s) {unknown}; choose from {list(VARIANTS)}", file=sys.stderr)
+        return 2
+    result = benchmark_model(args.model, args.dtype, args.device, args.reps, variants_wanted)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+VARIANTS = ("eager", "inductor", "fusegraph", "fusegraph_aten", "fusegraph_graph")
+
+
+def benchmark_model(model_name: str, dtype_name: str = "fp32", device="cpu", reps: int = 10,
+                    variants_wanted=VARIANTS) -> dict:
+    """Builds the tiny ``model_name`` model, compiles each wanted variant (first call = compile time), times
+    them round-robin, prints the table and returns every number (also what ``--json`` writes)."""
     from fusegraph import Backend, CompilationConfig
     from fusegraph.backend import _graph_runtime
 
     torch.manual_seed(0)
-    dtype, device = DTYPES[args.dtype], torch.device(args.device)
-    model, inputs, shape = BUILDERS[args.model](dtype, device)
+    dtype, device = DTYPES[dtype_name], torch.device(device)
+    model, inputs, shape = BUILDERS[model_name](dtype, device)
     model = model.to(device=device, dtype=dtype).eval()
     inputs = _to(inputs, dtype, device)
 
-    print(f"fusegraph bench model: {args.model} ({type(model).__name__}), {shape}, dtype {args.dtype}")
+    print(f"fusegraph bench model: {model_name} ({type(model).__name__}), {shape}, dtype {dtype_name}")
     print(machine_summary(device))
 
     def compiled(cfg=None, default_inductor=False):
@@ -162,17 +173,12 @@ def _run(args, variants_wanted) -> int:
     runtime, why_not = _graph_runtime()
     if runtime is not None:
         variants["fusegraph_graph"] = compiled(CompilationConfig(graph_with_compile=True, inductor=False))
-    wanted = variants_wanted
-    unknown = [v for v in wanted if v not in variants and v != "fusegraph_graph"]
-    if unknown:
-        print(f"unknown variant(s) {unknown}; choose from {sorted(variants)}", file=sys.stderr)
-        return 2
-    if "fusegraph_graph" in wanted and runtime is None:
+    elif "fusegraph_graph" in variants_wanted:
         print(f"(fusegraph_graph skipped: {why_not})")
 
     rows, fns, reference = [], {}, None
     torch._dynamo.reset()
-    for name in wanted:  # variants coexist: Dynamo keeps one cache entry per backend
+    for name in variants_wanted:  # variants coexist: Dynamo keeps one cache entry per backend
         if name not in variants:
             continue
         row, fn, out = compile_variant(name, variants[name], inputs, reference)
@@ -181,7 +187,7 @@ def _run(args, variants_wanted) -> int:
         rows.append(row)
         fns[name] = fn
         print(f"  {name:<16} first call {row['compile_s']:7.2f} s", flush=True)
-    medians = time_round_robin(fns, inputs, device, args.reps)
+    medians = time_round_robin(fns, inputs, device, reps)
     for row in rows:
         row["median_s"] = medians[row["variant"]]
 
@@ -193,11 +199,8 @@ def _run(args, variants_wanted) -> int:
         fused = " ".join(f"{k}×{v}" for k, v in r.get("patterns", {}).items()) if "patterns" in r else "-"
         print(f"{r['variant']:<16} {r['compile_s']:8.2f}s {fmt_time(r['median_s']):>12} {ratio:>9} "
               f"{r['max_abs_diff']:10.2e}  {fused}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(model=args.model, dtype=args.dtype, device=str(device), shape=shape,
-                           machine=machine_summary(device), rows=rows), f, indent=2)
-    return 0
+    return dict(model=model_name, dtype=dtype_name, device=str(device), shape=shape,
+                machine=machine_summary(device), rows=rows)
 
 
 if __name__ == "__main__":
