@@ -150,7 +150,9 @@ def benchmark_model(model_name: str, dtype_name: str = "fp32", device="cpu", rep
     torch.manual_seed(0)
     dtype, device = DTYPES[dtype_name], torch.device(device)
     model, inputs, shape = BUILDERS[model_name](dtype, device)
-    model = model.to(device=device, dtype=dtype).eval()
+    model = model.to(device=device).eval()
+    if dtype != torch.float32:  # (diffusers logs a keep-in-fp32 notice on every dtype cast)
+        model = model.to(dtype=dtype)
     inputs = _to(inputs, dtype, device)
 
     print(f"fusegraph bench model: {model_name} ({type(model).__name__}), {shape}, dtype {dtype_name}")

@@ -13,6 +13,7 @@ import logging
 import operator
 import os
 import threading
+import warnings
 from typing import Optional
 
 import torch
@@ -69,7 +70,11 @@ def pattern_pass(family: str, opts) -> PatternMatcherPass:
             from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
             saved = counters["inductor"].copy()
-            with torch._guards.tracing(None), unset_fake_temporarily(), FakeTensorMode():
+            # Tracing mixed-dtype patterns (e.g. Wan's fp32 LayerNorm of a bf16 input) makes ATen warn about
+            # its unfused layer_norm path; that is about the pattern's trace, not the user's model.
+            with torch._guards.tracing(None), unset_fake_temporarily(), FakeTensorMode(), \
+                    warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Mismatch dtype between input and weight")
                 module.register(pm, copy.deepcopy(opts))
             counters["inductor"] = saved
             _guard_entries(pm)
