@@ -216,7 +216,9 @@ class Backend:
         job.fusing = route != "graph_only"
         captured_before, seconds_before = self.stats.graphs_captured, self.stats.capture_seconds
         keep = None
-        if route == "default" and self.config.enable_freezing and not torch.is_grad_enabled():
+        # Every route freezes when asked (weights become constants of the graph, so a captured graph holds them
+        # instead of copying them into static buffers on each replay).
+        if self.config.enable_freezing and not torch.is_grad_enabled():
             gm, keep = _parameters_to_attributes(gm, example_inputs)
             if keep is not None:
                 example_inputs = [example_inputs[i] for i in keep]
@@ -272,14 +274,16 @@ class Backend:
                 job.fuse(aot_gm)
             else:
                 job.record_ops(aot_gm)
-            if route != "default":
-                return self._capture(aot_gm, list(aot_inputs))
+            graph, keep = aot_gm, None
             if self.config.enable_freezing and not torch.is_grad_enabled():
-                frozen, keep = self._freeze(gm, aot_gm, aot_inputs)
+                graph, keep = self._freeze(gm, aot_gm, aot_inputs)
                 if keep is not None:
-                    job.record_ops(frozen)
-                    return _drop_frozen_args(frozen, keep)
-            return make_boxed_func(aot_gm.forward)
+                    job.record_ops(graph)
+            if route != "default":
+                inputs = list(aot_inputs) if keep is None else [aot_inputs[i] for i in keep]
+                runner = self._capture(graph, inputs)
+                return make_boxed_func(runner) if keep is None else _drop_frozen_args(runner, keep)
+            return make_boxed_func(graph.forward) if keep is None else _drop_frozen_args(graph, keep)
 
         backend = aot_autograd(fw_compiler=plain, inference_compiler=inference,
                                decompositions=select_decomp_table())
