@@ -13,12 +13,18 @@ namespace fusegraph::cpu {
 inline namespace CPU_CAPABILITY {
 namespace {
 
-// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+// 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), evaluated as x / (1 + exp(-2u)): the same
+// function (0.5 (1 + tanh(u)) = sigmoid(2u)), one exp and one division instead of at::vec's tanh, which
+// is about 4x dearer per element here and made this op compute-bound. exp is at::vec's 1-ulp exp, so the
+// result keeps float32 accuracy; there is no cancellation (eager's 1 + tanh(u) loses digits for x < 0).
+// Limits: exp overflows to inf for very negative x, giving -0 (eager: -0); x = +inf gives inf, -inf NaN
+// (as eager), NaN propagates.
 struct GeluTanh {
   static fVec vec(fVec x) {
-    const fVec beta(0.7978845608028654f), kappa(0.044715f), half(0.5f), one(1.0f);  // beta = sqrt(2/pi)
-    const fVec inner = beta * (x + kappa * x * x * x);
-    return half * x * (one + inner.tanh());
+    // -2u = x (c1 + c3 x^2), c1 = -2 sqrt(2/pi), c3 = -2 sqrt(2/pi) 0.044715
+    const fVec c1(-1.5957691216057308f), c3(-0.07135481627260025f), one(1.0f);
+    const fVec z = x * at::vec::fmadd(x * x, c3, c1);
+    return x / (one + z.exp());
   }
 };
 
