@@ -3,6 +3,9 @@
 // Per row: pass 1 reads x from memory (bf16/fp16 rows are widened once into a per-thread float32
 // buffer) and sums it; pass 2 sums d = x - mean and d^2 from cache (corrected two-pass variance:
 // accurate for rows with a large mean, unlike E[x^2] - mean^2); pass 3 reads scale/shift and writes.
+// scale/shift are usually one [D] vector broadcast over all rows (AdaLN's [B, 1, D]): each task keeps
+// (1 + scale) and shift as float32 for the rows that share them instead of re-reading and widening
+// them per row (same float32 values, so the results are bitwise those of the per-row computation).
 #include "common/dispatch.h"
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
@@ -67,15 +70,35 @@ void adaln_rows(const AdalnKernelArgs& p) {
   // Round D up to whole blocks so full-block loads/stores of the buffer stay inside it.
   const int64_t buf_len = kWiden ? at::divup(D, kB) * kB : 0;
 
+  const int64_t mod_len = at::divup(D, kB) * kB;
+
   at::parallel_for(0, p.rows, row_grain(D), [&](int64_t r0, int64_t r1) {
     std::unique_ptr<float[]> buf(kWiden ? new float[buf_len] : nullptr);
+    // (1 + scale) and shift in float32 for the scale/shift rows at cached_off (none yet).
+    std::unique_ptr<float[]> mod(new float[2 * mod_len]);
+    float* const scale1 = mod.get();
+    float* const shift_f = mod.get() + mod_len;
+    int64_t cached_off[2] = {-1, -1};
     for (int64_t r = r0; r < r1; ++r) {
       int64_t off[3];
       p.layout->offsets(r, off);
       const T_x* xr = x + off[0];
-      const T_m* sc = scale + off[1];
-      const T_m* sh = shift + off[2];
       T_out* o = out + r * D;
+      if (off[1] != cached_off[0] || off[2] != cached_off[1]) {
+        const T_m* sc = scale + off[1];
+        const T_m* sh = shift + off[2];
+        const fVec one(1.0f);
+        for (int64_t j = 0; j < D; j += kB) {
+          const int64_t n = std::min(kB, D - j);
+          fVec sca, scb, sha, shb;
+          load_block(sc + j, sca, scb, n);
+          load_block(sh + j, sha, shb, n);
+          VecIO<float>::store(scale1 + j, one + sca, one + scb);  // whole blocks: padded buffers
+          VecIO<float>::store(shift_f + j, sha, shb);
+        }
+        cached_off[0] = off[1];
+        cached_off[1] = off[2];
+      }
       // The row as float32: x itself (float32), or the widened copy.
       const float* row = kWiden ? buf.get() : reinterpret_cast<const float*>(xr);
 
@@ -116,7 +139,6 @@ void adaln_rows(const AdalnKernelArgs& p) {
       // is applied to the exact difference instead of being rounded into the mean.
       const fVec corr(sum_d / d_f);
       const fVec rstd(static_cast<float>(1.0 / std::sqrt(static_cast<double>(var) + eps)));
-      const fVec one(1.0f);
 
       // Pass 3: normalise, affine, modulate, one store.
       for (int64_t j = 0; j < D; j += kB) {
@@ -138,10 +160,10 @@ void adaln_rows(const AdalnKernelArgs& p) {
           b = b + bb;
         }
         fVec sca, scb, sha, shb;
-        load_block(sc + j, sca, scb, n);
-        load_block(sh + j, sha, shb, n);
-        a = at::vec::fmadd(a, one + sca, sha);
-        b = at::vec::fmadd(b, one + scb, shb);
+        VecIO<float>::load(scale1 + j, sca, scb);
+        VecIO<float>::load(shift_f + j, sha, shb);
+        a = at::vec::fmadd(a, sca, sha);
+        b = at::vec::fmadd(b, scb, shb);
         store_block(o + j, a, b, n);
       }
     }

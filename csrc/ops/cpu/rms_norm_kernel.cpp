@@ -2,12 +2,16 @@
 // one rounding to the output dtype (plus the diffusers rounding points when asked for).
 // Per row: pass 1 reads the row from memory and accumulates sum(x^2) in four vector accumulators;
 // pass 2 reads it again from cache (a row of <= 12288 elements fits in L1/L2) and writes the output.
+// bf16/fp16 rows are widened once in pass 1 into a per-task float32 buffer that pass 2 reads, so each
+// element is converted once, not twice.
 #include "common/dispatch.h"
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
 #include <cmath>
+#include <memory>
+#include <type_traits>
 
 #include "ops/cpu/vec_io.h"
 #include "ops/rms_norm.h"
@@ -61,13 +65,20 @@ void rms_norm_rows(const RmsNormKernelArgs& p) {
   const bool round_half = p.round_dtype == at::kHalf;
   const float eps = static_cast<float>(p.eps);  // eager: float32 mean + eps in float32
   const float d_f = static_cast<float>(D);
+  constexpr bool kWiden = !std::is_same_v<T_x, float>;  // keep a float32 copy of the row
+  // Whole blocks, so full-block loads/stores of the buffer stay inside it.
+  const int64_t buf_len = kWiden ? at::divup(D, kB) * kB : 0;
 
   at::parallel_for(0, p.rows, row_grain(D), [&](int64_t r0, int64_t r1) {
+    std::unique_ptr<float[]> buf(kWiden ? new float[buf_len] : nullptr);
+    float* bp = buf.get();
     for (int64_t r = r0; r < r1; ++r) {
       int64_t off;
       p.layout->offsets(r, &off);
       const T_x* xr = x + off;
       T_out* o = out + r * D;
+      // The row as float32 for pass 2: x itself (float32), or the widened copy.
+      const float* row = kWiden ? bp : reinterpret_cast<const float*>(xr);
 
       // Pass 1: sum of squares. Lanes past the row's end load as zero and add nothing.
       fVec s0(0.0f), s1(0.0f), s2(0.0f), s3(0.0f);
@@ -76,6 +87,10 @@ void rms_norm_rows(const RmsNormKernelArgs& p) {
         fVec a, b, c, d;
         VecIO<T_x>::load(xr + i, a, b);
         VecIO<T_x>::load(xr + i + kB, c, d);
+        if constexpr (kWiden) {
+          VecIO<float>::store(bp + i, a, b);
+          VecIO<float>::store(bp + i + kB, c, d);
+        }
         s0 = at::vec::fmadd(a, a, s0);
         s1 = at::vec::fmadd(b, b, s1);
         s2 = at::vec::fmadd(c, c, s2);
@@ -84,6 +99,7 @@ void rms_norm_rows(const RmsNormKernelArgs& p) {
       for (; i < D; i += kB) {
         fVec a, b;
         load_block(xr + i, a, b, std::min(kB, D - i));
+        if constexpr (kWiden) VecIO<float>::store(bp + i, a, b);  // whole block: the buffer is padded
         s0 = at::vec::fmadd(a, a, s0);
         s1 = at::vec::fmadd(b, b, s1);
       }
@@ -95,7 +111,7 @@ void rms_norm_rows(const RmsNormKernelArgs& p) {
       for (int64_t j = 0; j < D; j += kB) {
         const int64_t n = std::min(kB, D - j);
         fVec a, b;
-        load_block(xr + j, a, b, n);
+        load_block(row + j, a, b, n);
         a = a * rstd;
         b = b * rstd;
         if (w != nullptr) {
