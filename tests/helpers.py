@@ -29,3 +29,23 @@ def strided_copy(t: torch.Tensor) -> torch.Tensor:
     view.copy_(t)
     assert not view.is_contiguous() or t.numel() <= 1
     return view
+
+
+def run_under_cpu_capabilities(script: str, capabilities=("default", "avx2"), timeout: float = 300) -> None:
+    """Runs ``script`` (Python source) once per ATen CPU capability, each in a fresh process (ATen reads
+    ATEN_CPU_CAPABILITY once, at first use), in parallel. Each run must exit 0 and print the capability its
+    kernels ran at (``fusegraph._C.cpu_capability()``) as its last line."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    runs = {
+        cap: subprocess.Popen([sys.executable, "-c", script], env=dict(os.environ, ATEN_CPU_CAPABILITY=cap),
+                              cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for cap in capabilities
+    }
+    for cap, proc in runs.items():
+        stdout, stderr = proc.communicate(timeout=timeout)
+        assert proc.returncode == 0, f"{cap}: {stderr}"
+        assert stdout.split()[-1] == cap.upper(), f"{cap}: ran at {stdout.split()[-1:]}"

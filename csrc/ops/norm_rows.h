@@ -8,6 +8,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 
@@ -62,5 +63,9 @@ class RowLayout {
   c10::SmallVector<int64_t, 4> sizes_;
   c10::SmallVector<int64_t, 4 * kMaxTensors> strides_;
 };
+
+// Rows per parallel task: at least ~16K elements, so small rows are not split into tiny tasks. Rows are
+// independent and each is computed in a fixed order, so results do not depend on the split.
+inline int64_t row_grain(int64_t D) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(D, 1)); }
 
 }  // namespace fusegraph

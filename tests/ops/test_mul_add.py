@@ -1,13 +1,10 @@
 import itertools
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import fusegraph
-from tests.helpers import DTYPES, assert_close_to_reference, randn, strided_copy
+from tests.helpers import DTYPES, assert_close_to_reference, randn, run_under_cpu_capabilities, strided_copy
 
 
 def rand(shape, dtype=torch.float32):
@@ -267,13 +264,4 @@ print(fusegraph._C.cpu_capability())
 
 def test_every_cpu_capability():
     """The kernels compiled for DEFAULT and AVX2 (this CPU runs AVX512 by default), one process each, in parallel."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    runs = {
-        cap: subprocess.Popen([sys.executable, "-c", CAPABILITY_SCRIPT], env=dict(os.environ, ATEN_CPU_CAPABILITY=cap),
-                              cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for cap in ("default", "avx2")
-    }
-    for cap, proc in runs.items():
-        stdout, stderr = proc.communicate(timeout=120)
-        assert proc.returncode == 0, f"{cap}: {stderr}"
-        assert stdout.split()[-1] == cap.upper()
+    run_under_cpu_capabilities(CAPABILITY_SCRIPT)

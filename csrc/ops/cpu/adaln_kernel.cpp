@@ -22,30 +22,6 @@ namespace fusegraph::cpu {
 inline namespace CPU_CAPABILITY {
 namespace {
 
-// Rows per parallel task (>= ~16K elements per task); rows are independent, so results are too.
-inline int64_t row_grain(int64_t D) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(D, 1)); }
-
-inline float sum_lanes(const fVec& v) {
-  return at::vec::vec_reduce_all<float>([](const fVec& a, const fVec& b) { return a + b; }, v);
-}
-
-template <typename T>
-inline void load_block(const T* p, fVec& a, fVec& b, int64_t n) {
-  if (n == VecIO<T>::kBlock) {
-    VecIO<T>::load(p, a, b);
-  } else {
-    VecIO<T>::load(p, a, b, n);
-  }
-}
-template <typename T>
-inline void store_block(T* p, const fVec& a, const fVec& b, int64_t n) {
-  if (n == VecIO<T>::kBlock) {
-    VecIO<T>::store(p, a, b);
-  } else {
-    VecIO<T>::store(p, a, b, n);
-  }
-}
-
 // Zero the lanes of a block past its first n elements.
 inline void mask_tail(fVec& a, fVec& b, int64_t n) {
   constexpr int64_t kV = fVec::size();

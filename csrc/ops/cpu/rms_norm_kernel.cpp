@@ -20,37 +20,12 @@ namespace fusegraph::cpu {
 inline namespace CPU_CAPABILITY {
 namespace {
 
-// Rows per parallel task: at least ~16K elements, so small rows are not split into tiny tasks. Rows
-// are independent and each is computed in a fixed order, so results do not depend on the split.
-inline int64_t row_grain(int64_t D) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(D, 1)); }
-
-inline float sum_lanes(const fVec& v) {
-  return at::vec::vec_reduce_all<float>([](const fVec& a, const fVec& b) { return a + b; }, v);
-}
-
 // Round both halves of a block to R (bf16 / fp16) and back: the rounding an eager cast would do.
 template <typename R>
 inline void round_through(fVec& a, fVec& b) {
   std::tie(a, b) = at::vec::convert_to_float<R>(at::vec::convert_from_float<R>(a, b));
 }
 
-// Block of n <= kBlock elements (n == kBlock: full load).
-template <typename T>
-inline void load_block(const T* p, fVec& a, fVec& b, int64_t n) {
-  if (n == VecIO<T>::kBlock) {
-    VecIO<T>::load(p, a, b);
-  } else {
-    VecIO<T>::load(p, a, b, n);
-  }
-}
-template <typename T>
-inline void store_block(T* p, const fVec& a, const fVec& b, int64_t n) {
-  if (n == VecIO<T>::kBlock) {
-    VecIO<T>::store(p, a, b);
-  } else {
-    VecIO<T>::store(p, a, b, n);
-  }
-}
 
 template <typename T_x, typename T_out>
 void rms_norm_rows(const RmsNormKernelArgs& p) {

@@ -56,5 +56,27 @@ struct VecIO {
   }
 };
 
+inline float sum_lanes(const fVec& v) {
+  return at::vec::vec_reduce_all<float>([](const fVec& a, const fVec& b) { return a + b; }, v);
+}
+
+// A block of n <= kBlock elements: the full-width path when n == kBlock, the partial one otherwise.
+template <typename T>
+inline void load_block(const T* p, fVec& a, fVec& b, int64_t n) {
+  if (n == VecIO<T>::kBlock) {
+    VecIO<T>::load(p, a, b);
+  } else {
+    VecIO<T>::load(p, a, b, n);
+  }
+}
+template <typename T>
+inline void store_block(T* p, const fVec& a, const fVec& b, int64_t n) {
+  if (n == VecIO<T>::kBlock) {
+    VecIO<T>::store(p, a, b);
+  } else {
+    VecIO<T>::store(p, a, b, n);
+  }
+}
+
 }  // namespace CPU_CAPABILITY
 }  // namespace fusegraph::cpu
