@@ -1,7 +1,8 @@
 #pragma once
 // The host graph (SPEC §4): an aten-level FX graph as a C++ program. Each node is an OperatorHandle found
 // once, its arguments IValue templates (constants held, tensors referenced by slot), replayed with
-// callBoxed in a C++ loop under c10::InferenceMode: no Python per op, the same kernels in the same order as
+// callBoxed in a C++ loop (under c10::InferenceMode when the caller is in inference mode, otherwise with the
+// autograd keys excluded, so outputs stay ordinary tensors): no Python per op, the same kernels in the same order as
 // the FX graph's own Python execution, so results are bitwise equal. Values are released after their last
 // use, as the FX interpreter does. Inputs are bound without copies.
 #include <ATen/core/dispatch/Dispatcher.h>

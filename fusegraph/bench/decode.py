@@ -123,7 +123,8 @@ def main(argv=None) -> int:
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--cache-len", type=int, default=128)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32", "bfloat16", "float16", "float32"],
+                   help="bf16 (default), fp16 or fp32 (the long names work too)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--reps", type=int, default=200)
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave as is)")
@@ -131,7 +132,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    dtype = getattr(torch, args.dtype)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}.get(args.dtype) or getattr(torch, args.dtype)
     device = torch.device(args.device)
 
     import fusegraph  # noqa: F401
