@@ -6,6 +6,7 @@ import torch
 from diffusers.models.embeddings import apply_rotary_emb, get_1d_rotary_pos_embed
 
 from tests.fusion.pattern_checks import assert_matches, assert_ops_gone, compile_and_run, double, fused
+from tests.references import wan_rope
 
 DTYPES = [torch.float32, torch.bfloat16]
 ROPE_CHAIN = ("aten.neg.default", "aten.unbind.int", "aten.cat.default")
@@ -52,17 +53,6 @@ def test_flux_attention_rope_on_q_and_k_fuses(dtype):
     assert fused(b, "rope") == 2
     assert_ops_gone(b, *ROPE_CHAIN)
     assert_matches(out, eager, scale=4.0)
-
-
-def wan_rope(hidden_states, freqs_cos, freqs_sin):
-    """Verbatim the nested apply_rotary_emb of diffusers' WanAttnProcessor."""
-    x1, x2 = hidden_states.unflatten(-1, (-1, 2)).unbind(-1)
-    cos = freqs_cos[..., 0::2]
-    sin = freqs_sin[..., 1::2]
-    out = torch.empty_like(hidden_states)
-    out[..., 0::2] = x1 * cos - x2 * sin
-    out[..., 1::2] = x1 * sin + x2 * cos
-    return out.type_as(hidden_states)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -1,22 +1,13 @@
 import pytest
 import torch
-import torch.nn.functional as F
 from diffusers.models.normalization import AdaLayerNormZero
 
 import fusegraph
 from tests.helpers import DTYPES, assert_close_to_reference, randn, strided_copy
+from tests.references import adaln_ref
 
 # Row lengths: 1, odd, not a multiple of any vector width, a model width, and the largest we promise.
 DIMS = [1, 17, 3072 + 5, 12288]
-
-
-def reference64(x, scale, shift, eps=1e-6, weight=None, bias=None):
-    """float64 layer_norm(x, [D], weight, bias, eps) * (1 + scale) + shift."""
-    D = x.shape[-1]
-    w = weight.double() if weight is not None else None
-    b = bias.double() if bias is not None else None
-    ln = F.layer_norm(x.double(), [D], w, b, eps)
-    return ln * (1 + scale.double()) + shift.double()
 
 
 def chunked_modulation(B, D, dtype, i=1):
@@ -38,7 +29,7 @@ def test_chunked_modulation_matches_float64_reference(dtype, D, B):
     assert not scale.is_contiguous() or B == 1
     out = fusegraph.ops.adaln(x, scale, shift)
     assert out.shape == x.shape and out.dtype == dtype and out.is_contiguous()
-    assert_close_to_reference(out, reference64(x, scale, shift))
+    assert_close_to_reference(out, adaln_ref(x, scale, shift))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -48,7 +39,7 @@ def test_modulation_forms_match_float64_reference(dtype, form):
     x = randn(B, S, D, dtype=dtype)
     shape = {"per_token": (B, S, D), "vector": (D,), "1_1_D": (1, 1, D), "B_1_D_contiguous": (B, 1, D)}[form]
     scale, shift = randn(*shape, dtype=dtype, scale=0.5), randn(*shape, dtype=dtype)
-    assert_close_to_reference(fusegraph.ops.adaln(x, scale, shift, 1e-5), reference64(x, scale, shift, 1e-5))
+    assert_close_to_reference(fusegraph.ops.adaln(x, scale, shift, 1e-5), adaln_ref(x, scale, shift, 1e-5))
 
 
 @pytest.mark.parametrize("x_dtype", DTYPES)
@@ -67,7 +58,7 @@ def test_mixed_dtypes_follow_eager_promotion(x_dtype, mod_dtype, affine):
         if t is not None:
             eager_dtype = torch.promote_types(eager_dtype, t.dtype)
     assert out.dtype == eager_dtype
-    assert_close_to_reference(out, reference64(x, scale, shift, weight=w, bias=b))
+    assert_close_to_reference(out, adaln_ref(x, scale, shift, weight=w, bias=b))
 
 
 def test_scale_and_shift_of_different_dtypes():
@@ -76,7 +67,7 @@ def test_scale_and_shift_of_different_dtypes():
     shift = randn(2, 1, 64)
     out = fusegraph.ops.adaln(x, scale, shift)
     assert out.dtype == torch.float32
-    assert_close_to_reference(out, reference64(x, scale, shift))
+    assert_close_to_reference(out, adaln_ref(x, scale, shift))
 
 
 @pytest.mark.parametrize("out_dtype", DTYPES)
@@ -86,7 +77,7 @@ def test_out_dtype_overrides_promotion(out_dtype):
     scale, shift = randn(2, 11, 96, scale=0.3), randn(2, 11, 96)
     out = fusegraph.ops.adaln(x, scale, shift, out_dtype=out_dtype)
     assert out.dtype == out_dtype
-    assert_close_to_reference(out, reference64(x, scale, shift))
+    assert_close_to_reference(out, adaln_ref(x, scale, shift))
 
 
 def test_wan_expression_with_out_dtype():
@@ -113,7 +104,7 @@ def test_equals_diffusers_ada_layer_norm_zero(dtype):
     shift_msa, scale_msa = emb.chunk(6, dim=1)[:2]
     out = fusegraph.ops.adaln(x, scale_msa[:, None], shift_msa[:, None], m.norm.eps)
     assert out.dtype == eager.dtype
-    ref64 = reference64(x, scale_msa[:, None], shift_msa[:, None], m.norm.eps)
+    ref64 = adaln_ref(x, scale_msa[:, None], shift_msa[:, None], m.norm.eps)
     if dtype == torch.float32:
         torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5)
     else:
@@ -130,16 +121,16 @@ def test_layer_norm_weight_and_bias(dtype):
     scale, shift = chunked_modulation(4, D, dtype)
     w, b = randn(D, dtype=dtype, offset=1.0), randn(D, dtype=dtype)
     out = fusegraph.ops.adaln(x, scale, shift, 1e-5, weight=w, bias=b)
-    assert_close_to_reference(out, reference64(x, scale, shift, 1e-5, w, b))
+    assert_close_to_reference(out, adaln_ref(x, scale, shift, 1e-5, w, b))
     only_w = fusegraph.ops.adaln(x, scale, shift, 1e-5, weight=w)
-    assert_close_to_reference(only_w, reference64(x, scale, shift, 1e-5, w))
+    assert_close_to_reference(only_w, adaln_ref(x, scale, shift, 1e-5, w))
 
 
 def test_large_mean_rows_keep_precision():
     """Corrected two-pass variance: rows with mean 1000 and std 1 normalise to float32 accuracy."""
     x = randn(4, 8, 3072, offset=1000.0)
     scale, shift = randn(4, 1, 3072, scale=0.1), randn(4, 1, 3072)
-    assert_close_to_reference(fusegraph.ops.adaln(x, scale, shift), reference64(x, scale, shift))
+    assert_close_to_reference(fusegraph.ops.adaln(x, scale, shift), adaln_ref(x, scale, shift))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -158,7 +149,7 @@ def test_non_contiguous_x_and_ranks(dtype):
     for x, sc, sh in cases:
         out = fusegraph.ops.adaln(x, sc, sh)
         assert out.is_contiguous() and out.shape == x.shape
-        assert_close_to_reference(out, reference64(x, sc, sh))
+        assert_close_to_reference(out, adaln_ref(x, sc, sh))
 
 
 def test_empty():
@@ -202,7 +193,7 @@ def test_traces_under_compile_fullgraph():
     s, t = chunked_modulation(2, 48, torch.float32)
     out = fn(x, s, t)
     assert out.dtype == torch.bfloat16
-    assert_close_to_reference(out, reference64(x, s, t) * 2)
+    assert_close_to_reference(out, adaln_ref(x, s, t) * 2)
 
 
 def _args(x=None, scale=None, shift=None, eps=1e-6, weight=None, bias=None, out_dtype=None):

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 import fusegraph  # noqa: F401  (loads fusegraph._C: registers the ops)
 from tests.helpers import DTYPES, assert_close_to_reference, randn
+from tests.references import adaln_ref, mul_add_ref, rms_norm_ref, rms_norm_tol, rope_ref
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -44,27 +45,6 @@ ROW_SHAPES = [(1, 1), (7, 33), (3, 5, 128), (2, 3, 3072), (2, 4096 + 5), (2, 122
 
 
 # ---------------------------------------------------------------------------------------------- rms_norm
-def rms_norm_ref(x, weight, eps, bias, style):
-    x64 = x.double()
-    y = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps)
-    if weight is not None:
-        if style == "diffusers" and weight.dtype != torch.float32:
-            y = (y.to(weight.dtype).double() * weight.double()).to(weight.dtype).double()
-        else:
-            y = y * weight.double()
-    if bias is not None:
-        y = y + bias.double()
-    return y
-
-
-def rms_norm_tol(weight, style, out_dtype):
-    """diffusers style with a half weight: the reference rounds the float64 normalised value where the
-    kernel rounds the float32 one, so an intermediate rounding may flip by one ulp: two ulps allowed."""
-    if style != "diffusers" or weight is None or weight.dtype == torch.float32 or out_dtype == torch.float32:
-        return {}
-    return dict(rtol=2 * torch.finfo(out_dtype).eps, atol=1e-5)
-
-
 def rms_norm_dtype(x, weight, style):
     """SPEC §2: torch style casts once to x.dtype; diffusers style gives weight.dtype for an fp16/bf16
     weight, float32 for an fp32 weight, x.dtype without a weight."""
@@ -144,18 +124,6 @@ def test_rms_norm_many_leading_dims():
 
 
 # ---------------------------------------------------------------------------------------------- adaln
-def adaln_ref(x, scale, shift, eps, weight=None, bias=None):
-    x64 = x.double()
-    mean = x64.mean(-1, keepdim=True)
-    var = x64.var(-1, unbiased=False, keepdim=True)
-    y = (x64 - mean) / torch.sqrt(var + eps)
-    if weight is not None:
-        y = y * weight.double()
-    if bias is not None:
-        y = y + bias.double()
-    return y * (1 + scale.double()) + shift.double()
-
-
 def adaln_eager_dtype(x, scale, shift):
     return torch.promote_types(torch.promote_types(x.dtype, scale.dtype), shift.dtype)
 
@@ -206,17 +174,6 @@ def test_adaln_non_contiguous_and_misaligned_x(dtype):
 
 
 # ---------------------------------------------------------------------------------------------- rope
-def rope_ref(x, cos, sin, interleaved):
-    x64 = x.double()
-    if interleaved:
-        x1, x2 = x64[..., 0::2], x64[..., 1::2]
-        rot = torch.stack([-x2, x1], dim=-1).flatten(-2)
-    else:
-        h = x.shape[-1] // 2
-        rot = torch.cat([-x64[..., h:], x64[..., :h]], dim=-1)
-    return x64 * cos.double() + rot * sin.double()
-
-
 def rope_tables(S, D, dtype, batch=None):
     angles = crandn(S, D, scale=3.0)
     cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
@@ -303,11 +260,6 @@ def test_gelu_non_contiguous_misaligned_and_extreme(name, dtype):
 
 
 # ---------------------------------------------------------------------------------------------- mul_add
-def mul_add_ref(a, b, c):
-    b64 = b.double() if isinstance(b, torch.Tensor) else b
-    return a.double() * b64 + c.double()
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(1, 1, 1), (2, 7, 33), (2, 5, 128), (2, 9, 3072), (1, 1, 12288 + 3)])
 def test_mul_add_gated_residual_matches_float64_reference(dtype, shape):

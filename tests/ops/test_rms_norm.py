@@ -7,34 +7,11 @@ from diffusers.models.normalization import RMSNorm as DiffusersRMSNorm
 import fusegraph
 from fusegraph.ops.rms_norm import rms_norm_out_dtype
 from tests.helpers import DTYPES, assert_close_to_reference, randn, strided_copy
+from tests.references import rms_norm_ref, rms_norm_tol
 
 EPS_FP32 = 9.999999974752427e-07  # 1e-6 as it arrives from a model: rounded to float32
 # Row lengths: 1, odd, not a multiple of any vector width, a model width, and the largest we promise.
 SHAPES = [(7, 1), (3, 17), (1, 4096 + 5), (7, 3, 131), (2, 12288), (5,)]
-
-
-def reference64(x, weight=None, eps=1e-6, bias=None, style="torch"):
-    """float64 reference, including the diffusers rounding points for half-precision weights."""
-    x64 = x.double()
-    n = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps)
-    half_w = style == "diffusers" and weight is not None and weight.dtype in (torch.bfloat16, torch.float16)
-    if weight is not None:
-        if half_w:
-            n = n.to(weight.dtype).double()
-        n = n * weight.double()
-    if bias is not None:
-        if half_w:
-            n = n.to(weight.dtype).double()
-        n = n + bias.double()
-    return n
-
-
-def diffusers_tol(weight, out_dtype):
-    """Half weight: the float64 reference rounds the float64 normalised value where we round the float32
-    one, so an intermediate rounding may flip by one ulp: allow two ulps of the output dtype."""
-    if weight is None or weight.dtype == torch.float32 or out_dtype == torch.float32:
-        return {}
-    return dict(rtol=2 * torch.finfo(out_dtype).eps, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -47,7 +24,7 @@ def test_torch_style_matches_float64_reference(dtype, shape, affine):
     b = randn(D, dtype=dtype) if affine == "weight+bias" else None
     out = fusegraph.ops.rms_norm(x, w, EPS_FP32, bias=b)
     assert out.shape == x.shape and out.dtype == dtype and out.is_contiguous()
-    assert_close_to_reference(out, reference64(x, w, EPS_FP32, b))
+    assert_close_to_reference(out, rms_norm_ref(x, w, EPS_FP32, b))
 
 
 @pytest.mark.parametrize("x_dtype", DTYPES)
@@ -62,7 +39,7 @@ def test_diffusers_style_matches_float64_reference(x_dtype, w_dtype, with_bias):
     out = fusegraph.ops.rms_norm(x, w, 1e-5, bias=b, style="diffusers")
     expected_dtype = (w_dtype if w_dtype in (torch.bfloat16, torch.float16) else torch.float32) if w is not None else x_dtype
     assert out.dtype == expected_dtype == rms_norm_out_dtype(x, w, b, "diffusers")
-    assert_close_to_reference(out, reference64(x, w, 1e-5, b, style="diffusers"), **diffusers_tol(w, out.dtype))
+    assert_close_to_reference(out, rms_norm_ref(x, w, 1e-5, b, style="diffusers"), **rms_norm_tol(w, "diffusers", out.dtype))
 
 
 @pytest.mark.parametrize("x_dtype", DTYPES)
@@ -122,8 +99,8 @@ def test_eps_is_used_as_given():
     """A large eps changes the result, so it is really applied (and matches the reference)."""
     x = randn(4, 64, scale=0.01)
     out_small, out_big = fusegraph.ops.rms_norm(x, eps=1e-12), fusegraph.ops.rms_norm(x, eps=1e-2)
-    assert_close_to_reference(out_small, reference64(x, eps=1e-12))
-    assert_close_to_reference(out_big, reference64(x, eps=1e-2))
+    assert_close_to_reference(out_small, rms_norm_ref(x, eps=1e-12))
+    assert_close_to_reference(out_big, rms_norm_ref(x, eps=1e-2))
     assert not torch.allclose(out_small, out_big)
 
 
@@ -139,7 +116,7 @@ def test_non_contiguous_x(dtype, style):
         assert not x.is_contiguous()
         out = fusegraph.ops.rms_norm(x, w, style=style)
         assert out.is_contiguous() and out.shape == x.shape
-        assert_close_to_reference(out, reference64(x, w, style=style), **(diffusers_tol(w, dtype) if style == "diffusers" else {}))
+        assert_close_to_reference(out, rms_norm_ref(x, w, style=style), **rms_norm_tol(w, style, dtype))
 
 
 def test_empty():
@@ -183,7 +160,7 @@ def test_traces_under_compile_fullgraph():
     x, w = randn(4, 33), randn(33, dtype=torch.bfloat16)
     out = fn(x, w)
     assert out.dtype == torch.bfloat16
-    assert_close_to_reference(out, reference64(x, w, style="diffusers") * 2)
+    assert_close_to_reference(out, rms_norm_ref(x, w, style="diffusers") * 2)
 
 
 BAD_INPUTS = [

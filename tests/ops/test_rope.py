@@ -5,20 +5,9 @@ from diffusers.models.embeddings import apply_rotary_emb
 
 import fusegraph
 from tests.helpers import DTYPES, assert_close_to_reference, randn, run_under_cpu_capabilities, strided_copy
+from tests.references import rope_ref, wan_rope
 
 B, S, H = 2, 9, 3
-
-
-def rot(x: torch.Tensor, interleaved: bool) -> torch.Tensor:
-    if interleaved:  # (x0, x1) -> (-x1, x0) per pair
-        return torch.stack([-x[..., 1::2], x[..., 0::2]], dim=-1).flatten(-2)
-    h = x.shape[-1] // 2
-    return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
-
-
-def reference(x, cos, sin, interleaved):
-    x = x.double()
-    return x * cos.double() + rot(x, interleaved) * sin.double()
 
 
 def tables(shape, dtype=torch.float32):
@@ -46,7 +35,7 @@ def test_matches_float64_reference(dtype, table_dtype, layout, interleaved):
     cos, sin = tables(cs_shape, torch.float32 if table_dtype == "float32" else dtype)
     out = fusegraph.ops.rope(x, cos, sin, interleaved=interleaved)
     assert out.shape == x.shape and out.dtype == dtype and out.is_contiguous()
-    assert_close_to_reference(out, reference(x, cos, sin, interleaved))
+    assert_close_to_reference(out, rope_ref(x, cos, sin, interleaved))
 
 
 @pytest.mark.parametrize("interleaved", [True, False])
@@ -56,7 +45,7 @@ def test_matches_float64_reference(dtype, table_dtype, layout, interleaved):
 def test_sizes(dtype, b, d, interleaved):
     x = randn(b, 5, 3, d, dtype=dtype)
     cos, sin = tables((1, 5, 1, d))
-    assert_close_to_reference(fusegraph.ops.rope(x, cos, sin, interleaved=interleaved), reference(x, cos, sin, interleaved))
+    assert_close_to_reference(fusegraph.ops.rope(x, cos, sin, interleaved=interleaved), rope_ref(x, cos, sin, interleaved))
 
 
 @pytest.mark.parametrize("interleaved", [True, False])
@@ -69,7 +58,7 @@ def test_non_contiguous_x(dtype, interleaved):
         assert not x.is_contiguous()
         out = fusegraph.ops.rope(x, cos, sin, interleaved=interleaved)
         assert out.is_contiguous() and out.shape == x.shape
-        assert_close_to_reference(out, reference(x, cos, sin, interleaved))
+        assert_close_to_reference(out, rope_ref(x, cos, sin, interleaved))
 
 
 @pytest.mark.parametrize("interleaved", [True, False])
@@ -84,7 +73,7 @@ def test_sliced_tables(interleaved):
     }
     for name, (cos, sin) in views.items():
         out = fusegraph.ops.rope(x, cos, sin, interleaved=interleaved)
-        assert_close_to_reference(out, reference(x, cos, sin, interleaved), msg=name)
+        assert_close_to_reference(out, rope_ref(x, cos, sin, interleaved), msg=name)
 
 
 @pytest.mark.parametrize("sequence_dim", [1, 2])
@@ -101,24 +90,13 @@ def test_matches_diffusers_apply_rotary_emb(dtype, unbind_dim, sequence_dim):
     torch.testing.assert_close(out, expected, **tol)
 
 
-def wan_rotary(hidden_states, freqs_cos, freqs_sin):
-    """diffusers' WanAttnProcessor.apply_rotary_emb (transformer_wan.py), restated: strided even/odd writes."""
-    x1, x2 = hidden_states.unflatten(-1, (-1, 2)).unbind(-1)
-    cos = freqs_cos[..., 0::2]
-    sin = freqs_sin[..., 1::2]
-    out = torch.empty_like(hidden_states)
-    out[..., 0::2] = x1 * cos - x2 * sin
-    out[..., 1::2] = x1 * sin + x2 * cos
-    return out.type_as(hidden_states)
-
-
-def test_matches_wan_rotary():
+def test_matches_wan_rope():
     # Wan's tables repeat each frequency twice (repeat_interleave(2)), so the interleaved rotation is exact.
     freqs = torch.rand(S, 32, dtype=torch.float64) * 10
     cos = freqs.cos().repeat_interleave(2, dim=-1).float()[None, :, None, :]
     sin = freqs.sin().repeat_interleave(2, dim=-1).float()[None, :, None, :]
     x = randn(B, S, H, 64, dtype=torch.bfloat16)
-    expected = wan_rotary(x.float(), cos, sin).to(x.dtype)  # Wan runs it on float32 q/k
+    expected = wan_rope(x.float(), cos, sin).to(x.dtype)  # Wan runs it on float32 q/k
     torch.testing.assert_close(fusegraph.ops.rope(x, cos, sin, interleaved=True), expected)
 
 
@@ -161,7 +139,7 @@ def test_traces_under_compile_fullgraph():
     cos, sin = tables((1, S, 1, 16))
     fn = torch.compile(lambda x, c, s: fusegraph.ops.rope(x, c, s, interleaved=False) * 2, fullgraph=True,
                        backend="aot_eager")
-    assert_close_to_reference(fn(x, cos, sin), reference(x, cos, sin, False) * 2)
+    assert_close_to_reference(fn(x, cos, sin), rope_ref(x, cos, sin, False) * 2)
 
 
 x4 = (B, S, H, 8)
@@ -205,18 +183,14 @@ CAPABILITY_SCRIPT = r"""
 import torch, fusegraph
 from tests.helpers import assert_close_to_reference, randn
 
-def reference(x, cos, sin, interleaved):  # restated: importing this test module would import diffusers
-    x = x.double()
-    h = x.shape[-1] // 2
-    r = torch.stack([-x[..., 1::2], x[..., 0::2]], -1).flatten(-2) if interleaved else torch.cat([-x[..., h:], x[..., :h]], -1)
-    return x * cos.double() + r * sin.double()
+from tests.references import rope_ref
 for dtype in (torch.float32, torch.bfloat16, torch.float16):
     for d in (2, 6, 70, 128):
         x = randn(3, 5, 2, d, dtype=dtype)
         cos, sin = randn(1, 5, 1, d), randn(1, 5, 1, d)
         for interleaved in (True, False):
             assert_close_to_reference(fusegraph.ops.rope(x, cos, sin, interleaved=interleaved),
-                                      reference(x, cos, sin, interleaved))
+                                      rope_ref(x, cos, sin, interleaved))
 print(fusegraph._C.cpu_capability())
 """
 
