@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "ops/cuda/launch.h"
 
@@ -219,6 +220,18 @@ inline int choose_vec(const RowLayout& layout, const Operand* const (&ops)[NOps]
     if (ok) return vec;
   }
   return 1;
+}
+
+// Calls launch(std::integral_constant<int, VEC>{}) for the width choose_vec picked (8, 4, 2, else 1), so
+// every op instantiates its kernel for the same widths from one switch.
+template <typename Launch>
+inline cudaError_t with_vec_width(int vec, Launch&& launch) {
+  switch (vec) {
+    case 8: return launch(std::integral_constant<int, 8>{});
+    case 4: return launch(std::integral_constant<int, 4>{});
+    case 2: return launch(std::integral_constant<int, 2>{});
+    default: return launch(std::integral_constant<int, 1>{});
+  }
 }
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }

@@ -63,12 +63,10 @@ cudaError_t launch_mul_add(const RowLayout& layout, const Operand& a, const Oper
   if (layout.rows == 0 || layout.cols == 0) return cudaSuccess;
   const MulAddParams p{layout, a, b, c, b_scalar, out, out_dtype};
   const Operand* const ops[] = {&a, &b, &c};
-  switch (detail::choose_vec(layout, ops, layout.cols, out)) {
-    case 8: return launch_mul_add_vec<8, true>(p, stream);
-    case 4: return launch_mul_add_vec<4, true>(p, stream);
-    case 2: return launch_mul_add_vec<2, true>(p, stream);
-    default: return launch_mul_add_vec<1, false>(p, stream);
-  }
+  return detail::with_vec_width(detail::choose_vec(layout, ops, layout.cols, out), [&](auto vec) {
+    constexpr int VEC = decltype(vec)::value;
+    return launch_mul_add_vec<VEC, (VEC > 1)>(p, stream);
+  });
 }
 
 }  // namespace fusegraph::cuda

@@ -84,12 +84,10 @@ cudaError_t launch_rms_norm(const RowLayout& layout, const Operand& x, const Ope
   if (layout.rows == 0 || layout.cols == 0) return cudaSuccess;
   const RmsNormParams p{layout, x, weight, bias, out, out_dtype, eps, diffusers_style};
   const Operand* const ops[] = {&x, &weight, &bias};
-  switch (detail::choose_vec(layout, ops, layout.cols, out)) {
-    case 8: return launch<8, true>(p, stream);
-    case 4: return launch<4, true>(p, stream);
-    case 2: return launch<2, true>(p, stream);
-    default: return launch<1, false>(p, stream);
-  }
+  return detail::with_vec_width(detail::choose_vec(layout, ops, layout.cols, out), [&](auto vec) {
+    constexpr int VEC = decltype(vec)::value;
+    return launch<VEC, (VEC > 1)>(p, stream);
+  });
 }
 
 }  // namespace fusegraph::cuda

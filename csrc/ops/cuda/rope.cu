@@ -97,12 +97,10 @@ cudaError_t launch_rope(const RowLayout& layout, const Operand& x, const Operand
   const RopeParams p{layout, x, cos, sin, out};
   const Operand* const ops[] = {&x, &cos, &sin};
   const int64_t unit = interleaved ? layout.cols : layout.cols / 2;
-  switch (detail::choose_vec(layout, ops, unit, out)) {
-    case 8: return launch<8, true>(p, interleaved, stream);
-    case 4: return launch<4, true>(p, interleaved, stream);
-    case 2: return launch<2, true>(p, interleaved, stream);
-    default: return launch<1, false>(p, interleaved, stream);
-  }
+  return detail::with_vec_width(detail::choose_vec(layout, ops, unit, out), [&](auto vec) {
+    constexpr int VEC = decltype(vec)::value;
+    return launch<VEC, (VEC > 1)>(p, interleaved, stream);
+  });
 }
 
 }  // namespace fusegraph::cuda
