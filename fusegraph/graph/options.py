@@ -1,67 +1,36 @@
-"""The graph_* settings the runtime reads, from any config object (SPEC §1.1).
+"""The graph_* settings the runtime reads (SPEC §1.1), as one frozen snapshot.
 
-The runtime accepts any object with the SPEC's attribute names (``fusegraph.CompilationConfig`` or a
-plain namespace); a missing attribute takes the SPEC default, a seed alias (``aclgraph_*``) is read when the
-portable name is absent. Values are checked here so a bad one fails before anything is captured.
+Defaults, the ``aclgraph_*`` aliases and validation are ``fusegraph.CompilationConfig``'s: a
+``CompilationConfig`` is read as it is; ``None`` means the process defaults (seed style
+``CompilationConfig.graph_max_entries = 4`` applies to a ``GraphRunner(fn)`` too); any other object (a plain
+namespace) contributes the config names it has and goes through ``CompilationConfig``'s checks, so a bad value
+fails, naming the field, before anything is captured.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-_DEFAULTS = dict(
-    graph_lazy_capture=False,
-    graph_max_entries=0,
-    graph_eviction="fifo",
-    graph_memory_budget=0,
-    graph_recapture=True,
-    graph_warmup_runs=1,
-    graph_fallback="eager",
-    device_graph="auto",
-    safe_output_mode=True,
-)
-_ALIASES = dict(graph_lazy_capture="aclgraph_lazy_capture", graph_max_entries="aclgraph_max_entries")
+from fusegraph.config import CompilationConfig
 
 
 @dataclass(frozen=True)
 class GraphOptions:
-    graph_lazy_capture: bool = False
-    graph_max_entries: int = 0
-    graph_eviction: str = "fifo"
-    graph_memory_budget: int = 0
-    graph_recapture: bool = True
-    graph_warmup_runs: int = 1
-    graph_fallback: str = "eager"
-    device_graph: str = "auto"
-    safe_output_mode: bool = True
+    graph_lazy_capture: bool
+    graph_max_entries: int
+    graph_eviction: str
+    graph_memory_budget: int
+    graph_recapture: bool
+    graph_warmup_runs: int
+    graph_fallback: str
+    device_graph: str
+    safe_output_mode: bool
 
     @classmethod
     def from_config(cls, config=None) -> "GraphOptions":
         if isinstance(config, GraphOptions):
             return config
-        values = {}
-        for name, default in _DEFAULTS.items():
-            if config is not None and hasattr(config, name):
-                values[name] = getattr(config, name)
-            elif config is not None and name in _ALIASES and hasattr(config, _ALIASES[name]):
-                values[name] = getattr(config, _ALIASES[name])
-            else:
-                values[name] = default
-        opts = cls(**values)
-        opts.validate()
-        return opts
-
-    def validate(self) -> None:
-        for name in ("graph_lazy_capture", "graph_recapture", "safe_output_mode"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"fusegraph: {name} is {getattr(self, name)!r}; expected True or False")
-        for name in ("graph_max_entries", "graph_memory_budget", "graph_warmup_runs"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool):
-                raise TypeError(f"fusegraph: {name} is {v!r}; expected an int")
-            if v < 0:
-                raise ValueError(f"fusegraph: {name} is {v}; expected >= 0")
-        choices = dict(graph_eviction=("fifo", "lru"), graph_fallback=("eager", "raise"),
-                       device_graph=("auto", "cuda", "npu", "host", "none"))
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"fusegraph: {name} is {getattr(self, name)!r}; expected one of {allowed}")
+        if not isinstance(config, CompilationConfig):
+            names = set(CompilationConfig._fields) | set(CompilationConfig._aliases)
+            config = CompilationConfig(**{n: getattr(config, n) for n in names if hasattr(config, n)})
+        return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})

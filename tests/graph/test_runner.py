@@ -290,3 +290,19 @@ def test_inference_mode_callers_get_inference_tensors_others_mutable_ones():
     out = r(x, w)
     assert not out.is_inference()
     out.add_(1)  # an ordinary tensor: in-place works outside inference mode
+
+
+def test_process_defaults_apply_without_a_config():
+    """Seed style: CompilationConfig class attributes are the defaults of a GraphRunner made without a config;
+    a runner snapshots them when made."""
+    from fusegraph import CompilationConfig
+
+    before = CompilationConfig.aclgraph_max_entries
+    CompilationConfig.aclgraph_max_entries = 1
+    try:
+        r = GraphRunner(torch.neg)
+    finally:
+        CompilationConfig.aclgraph_max_entries = before
+    for n in (2, 3, 4):
+        r(torch.randn(n))
+    assert r.stats.graphs_captured == 3 and r.stats.evictions == 2
