@@ -7,6 +7,7 @@
 
 #include "common/output.h"
 #include "graph/cache.h"
+#include "graph/frozen_guard.h"
 #include "graph/host_graph.h"
 #include "ops/cpu/dispatch.h"
 
@@ -206,6 +207,30 @@ void bind_graph(py::module_& m) {
       .def("__repr__", [](const fg::ValueRef& r) {
         return "ValueRef(" + std::to_string(r.slot) + (r.item >= 0 ? ", " + std::to_string(r.item) : "") + ")";
       });
+
+  py::enum_<fg::FrozenMatch>(m, "FrozenMatch")
+      .value("SAME", fg::FrozenMatch::kSame)
+      .value("CHANGED", fg::FrozenMatch::kChanged)
+      .value("OTHER", fg::FrozenMatch::kOther);
+
+  py::class_<fg::FrozenGuard, std::shared_ptr<fg::FrozenGuard>>(
+      m, "FrozenGuard", "Per-call check that the parameters a frozen graph folded are the ones passed, unchanged.")
+      .def(py::init<std::vector<int64_t>, std::vector<at::Tensor>>(), py::arg("positions"), py::arg("params"))
+      .def(
+          "check",
+          [](const fg::FrozenGuard& g, const py::tuple& args) {
+            std::vector<const at::Tensor*> tensors(args.size(), nullptr);
+            for (int64_t pos : g.positions()) {
+              if (pos >= 0 && static_cast<size_t>(pos) < args.size()) {
+                PyObject* h = PyTuple_GET_ITEM(args.ptr(), pos);
+                if (THPVariable_Check(h)) tensors[pos] = &THPVariable_Unpack(h);
+              }
+            }
+            return g.check(tensors);
+          },
+          py::arg("args"), "SAME, CHANGED (same tensors, values changed) or OTHER (other tensors).")
+      .def_property_readonly("positions", &fg::FrozenGuard::positions)
+      .def("__len__", &fg::FrozenGuard::size);
 
   py::class_<fg::Executable, std::shared_ptr<fg::Executable>>(m, "Executable");
 

@@ -21,6 +21,7 @@ class Stats:
     recaptures: int = 0
     fallbacks: dict = field(default_factory=dict)  # reason -> count
     eager_calls: int = 0  # calls run uncaptured because their signature fell back
+    frozen_recompiles: int = 0  # a frozen graph compiled again: other parameter tensors, or weights changed
     capture_seconds: float = 0.0
     compile_seconds: float = 0.0
     graph_memory_bytes: int = 0
