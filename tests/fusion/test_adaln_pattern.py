@@ -2,12 +2,14 @@
 (AdaLayerNormZero, ZeroSingle, SD35AdaLayerNormZeroX, inline norm2), AdaLayerNormContinuous, Wan's fp32 form with
 [B, 1, D] and per-token [B, S, D] modulation -> one fusegraph.adaln each, in the source's output dtype;
 lookalikes stay unfused."""
+import copy
+
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from diffusers.models.normalization import (AdaLayerNormContinuous, AdaLayerNormZero, AdaLayerNormZeroSingle,
-                                            FP32LayerNorm, SD35AdaLayerNormZeroX)
+                                            CogVideoXLayerNormZero, FP32LayerNorm, SD35AdaLayerNormZeroX)
 
 from tests.fusion.pattern_checks import assert_matches, assert_ops_gone, compile_and_run, double, fused
 
@@ -136,6 +138,51 @@ def test_layernorm_with_affine_fuses():
     assert_matches(out, eager)
 
 
+def randomize(module):
+    """Random weights everywhere, norm weights around 1 and biases around 0: ones/zeros would hide a dropped
+    weight or bias."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            p.copy_(torch.randn_like(p) * 0.3 + (1.0 if name.endswith("norm.weight") else 0.0))
+    return module
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_cogvideox_affine_continuous_fuses(dtype):
+    """CogVideoXLayerNormZero: an affine nn.LayerNorm, then (1 + scale)[:, None, :] and shift[:, None, :] of [B, D]
+    chunks, for the video and the text stream (one norm module, two sites)."""
+    m = randomize(CogVideoXLayerNormZero(D, D, elementwise_affine=True, eps=1e-5))
+
+    def streams(module):
+        def f(x, ctx, temb):
+            h, c, _, _ = module(x, ctx, temb)
+            return h, c
+        return f
+
+    x, ctx, temb = (torch.randn(2, 6, D, dtype=dtype), torch.randn(2, 3, D, dtype=dtype),
+                    torch.randn(2, D, dtype=dtype))
+    ref64 = double(streams(copy.deepcopy(m).double()), x, ctx, temb)
+    b, out, eager = compile_and_run(streams(m.to(dtype)), x, ctx, temb, inductor=False)
+    assert b.stats.patterns["adaln"] == 2 and fused(b, "adaln") == 2
+    assert_ops_gone(b, *LN_CHAIN)
+    assert_matches(out, eager, scale=8.0, ref64=ref64 if dtype == torch.float32 else None)
+
+
+def flux2_modulation(x, temb):
+    """Flux2's blocks: (1 + scale) * norm(x) + shift, scale first, from Flux2Modulation.split's [B, 1, D] chunks."""
+    shift, scale, _ = temb.unsqueeze(1).chunk(3, dim=-1)
+    return (1 + scale) * F.layer_norm(x, [D], eps=1e-6) + shift
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_flux2_scale_first_modulation_fuses(dtype):
+    x, temb = torch.randn(2, 5, D, dtype=dtype), torch.randn(2, 3 * D, dtype=dtype)
+    b, out, eager = compile_and_run(flux2_modulation, x, temb, inductor=False)
+    assert b.stats.patterns["adaln"] == 1 and fused(b, "adaln") == 1
+    assert_ops_gone(b, *LN_CHAIN)
+    assert_matches(out, eager, scale=4.0, ref64=double(flux2_modulation, x, temb))
+
+
 def test_adaln_fuses_under_inductor():
     z = AdaLayerNormZero(D).to(torch.bfloat16)
     c = AdaLayerNormContinuous(D, D, elementwise_affine=False, eps=1e-6).to(torch.bfloat16)
@@ -168,10 +215,39 @@ def lookalike_scale_without_one(x, scale, shift):
     return F.layer_norm(x, [D], eps=1e-6) * scale + shift
 
 
+def lookalike_scale_first_two_plus(x, scale, shift):
+    return (2 + scale) * F.layer_norm(x, [D], eps=1e-6) + shift
+
+
+def lookalike_scale_first_norm_over_two_dims(x, scale, shift):
+    return (1 + scale) * F.layer_norm(x, list(x.shape[-2:]), eps=1e-6) + shift
+
+
 @pytest.mark.parametrize("fn", [lookalike_two_plus_scale, lookalike_norm_over_two_dims, lookalike_shift_minus,
-                                lookalike_scale_without_one])
+                                lookalike_scale_without_one, lookalike_scale_first_two_plus,
+                                lookalike_scale_first_norm_over_two_dims])
 def test_lookalikes_stay_unfused(fn):
     x, scale, shift = torch.randn(2, 5, D), torch.randn(2, 1, D), torch.randn(2, 1, D)
+    b, out, eager = compile_and_run(fn, x, scale, shift, inductor=False)
+    assert b.stats.patterns["adaln"] == 0 and fused(b, "adaln") == 0
+    assert_matches(out, eager)
+
+
+_W, _B = torch.randn(D) * 0.3 + 1.0, torch.randn(D) * 0.3
+
+
+def lookalike_affine_continuous_two_plus(x, scale, shift):
+    return F.layer_norm(x, [D], _W, _B, 1e-5) * (2 + scale)[:, None, :] + shift[:, None, :]
+
+
+def lookalike_affine_continuous_norm_over_two_dims(x, scale, shift):
+    w, bias = _W.repeat(5, 1), _B.repeat(5, 1)
+    return F.layer_norm(x, list(x.shape[-2:]), w, bias, 1e-5) * (1 + scale)[:, None, :] + shift[:, None, :]
+
+
+@pytest.mark.parametrize("fn", [lookalike_affine_continuous_two_plus, lookalike_affine_continuous_norm_over_two_dims])
+def test_affine_continuous_lookalikes_stay_unfused(fn):
+    x, scale, shift = torch.randn(2, 5, D), torch.randn(2, D), torch.randn(2, D)
     b, out, eager = compile_and_run(fn, x, scale, shift, inductor=False)
     assert b.stats.patterns["adaln"] == 0 and fused(b, "adaln") == 0
     assert_matches(out, eager)

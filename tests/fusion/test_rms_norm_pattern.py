@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from diffusers.models.normalization import RMSNorm
+from diffusers.models.normalization import MochiRMSNorm, RMSNorm
 
 from tests.fusion.pattern_checks import assert_matches, assert_ops_gone, compile_and_run, double, fused
 
@@ -94,6 +94,39 @@ def test_wan_across_heads_rmsnorm_fuses(dtype):
     assert fused(b, "rms_norm") == 1
     assert_ops_gone(b, *RMS_CHAIN)
     assert_matches(out, eager, scale=4.0)
+
+
+@pytest.mark.parametrize("w_dtype", [None, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_mochi_rmsnorm_fuses(dtype, w_dtype):
+    """Mochi's QK-norm (MochiRMSNorm): the weight multiplied in fp32 without a cast before it, then one cast to
+    x's dtype -> style="torch"; the weight in x's dtype or kept in fp32."""
+    m = randomize(MochiRMSNorm(16, eps=1e-5), 0.5, 1.0).to(w_dtype or dtype)
+    x = torch.randn(2, 7, 3, 16, dtype=dtype)  # [B, S, H, Dh] after unflatten
+    b, out, eager = compile_and_run(m, x, inductor=False)
+    assert b.stats.patterns["rms_norm"] == 1 and fused(b, "rms_norm") == 1
+    assert_ops_gone(b, *RMS_CHAIN)
+    assert out.dtype == dtype
+    assert_matches(out, eager, scale=2.0, ref64=double(m, x))
+
+
+def lookalike_mochi_cast_to_other_dtype(x, w):
+    """MochiRMSNorm's chain but cast to fp16 at the end: not x's dtype, so not the torch-style op."""
+    h = x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)
+    return (h * w).to(torch.float16)
+
+
+def lookalike_mochi_over_other_dim(x, w):
+    h = x * torch.rsqrt(x.float().pow(2).mean(1, keepdim=True) + 1e-6)
+    return (h * w).to(x.dtype)
+
+
+@pytest.mark.parametrize("fn", [lookalike_mochi_cast_to_other_dtype, lookalike_mochi_over_other_dim])
+def test_mochi_lookalikes_stay_unfused(fn):
+    x, w = torch.randn(2, 16, 16, dtype=torch.bfloat16), torch.randn(16, dtype=torch.bfloat16)
+    b, out, eager = compile_and_run(fn, x, w, inductor=False)
+    assert b.stats.patterns["rms_norm"] == 0 and fused(b, "rms_norm") == 0
+    torch.testing.assert_close(out, eager)
 
 
 def test_rmsnorm_fuses_under_inductor():

@@ -1,6 +1,9 @@
 """RoPE fusion (SPEC §3): diffusers apply_rotary_emb(use_real=True) with use_real_unbind_dim -1 / -2 and
-sequence_dim 1 / 2, and Wan's own RoPE (strided even/odd slices written into empty_like) -> one fusegraph.rope
-each; lookalikes stay unfused."""
+sequence_dim 1 / 2, Wan's own RoPE (strided even/odd slices written into empty_like), the complex form
+(use_real=False: Lumina2, Z-Image, QwenImage), LTX / LTX2 on rank-3 x, LTX2's split form and HiDream's 2x2
+matrices -> one fusegraph.rope each; lookalikes stay unfused, silently."""
+import logging
+
 import pytest
 import torch
 from diffusers.models.embeddings import apply_rotary_emb, get_1d_rotary_pos_embed
@@ -139,3 +142,312 @@ def test_float64_tables_stay_unfused():
     b, out, eager = compile_and_run(f, x, cos, sin, inductor=False)
     assert fused(b, "rope") == 0
     torch.testing.assert_close(out, eager)
+
+
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16])
+def test_x_dtype_tables_fuse(x_dtype):
+    """Tables in x's dtype (the op takes fp32 or x.dtype): the forms are registered with fp32 tables only, the
+    graph being the same (the promotion is inside the mul)."""
+    B, S, H, D = 2, 5, 2, 8
+    x = torch.randn(B, S, H, D, dtype=x_dtype)
+    cos, sin = (t.to(x_dtype) for t in tables(S, D))
+
+    def f(x, cos, sin):
+        return diffusers_rope(x, cos, sin, -1, 1), wan_rope(x, cos.view(1, S, 1, D), sin.view(1, S, 1, D))
+
+    b, out, eager = compile_and_run(f, x, cos, sin, inductor=False)
+    assert b.stats.patterns["rope"] == 2 and fused(b, "rope") == 2
+    assert_matches(out, eager, scale=2.0)
+
+
+# --- complex form: apply_rotary_emb(use_real=False) (Lumina2), Z-Image, QwenImage --------------------------
+
+COMPLEX_CHAIN = ("aten.view_as_complex.default",)  # the replacement reads freqs through view_as_real
+
+
+def complex_freqs(*shape):
+    """complex64 e^{i theta} with random angles (what the models precompute with torch.polar)."""
+    return torch.polar(torch.ones(*shape), torch.randn(*shape) * 3)
+
+
+def lumina_rope(x, freqs_cis):
+    return apply_rotary_emb(x, freqs_cis, use_real=False)
+
+
+def qwen_rope(x, freqs_cis):
+    from diffusers.models.transformers.transformer_qwenimage import apply_rotary_emb_qwen
+
+    return apply_rotary_emb_qwen(x, freqs_cis, use_real=False)
+
+
+def z_image_rope(x_in, freqs_cis):
+    """Verbatim the nested apply_rotary_emb of diffusers' ZSingleStreamAttnProcessor (transformer_z_image.py)."""
+    with torch.amp.autocast("cuda", enabled=False):
+        x = torch.view_as_complex(x_in.float().reshape(*x_in.shape[:-1], -1, 2))
+        freqs_cis = freqs_cis.unsqueeze(2)
+        x_out = torch.view_as_real(x * freqs_cis).flatten(3)
+        return x_out.type_as(x_in)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("form", ["lumina2", "z_image", "qwen"])
+def test_complex_rope_fuses(dtype, form):
+    """x [B, S, H, D]; freqs [B, S, D/2] unsqueezed at 2 (Lumina2, Z-Image) or [S, D/2] at 1 (QwenImage)."""
+    B, S, H, D = 2, 7, 3, 16
+    x = torch.randn(B, S, H, D, dtype=dtype)
+    fn, freqs = {"lumina2": (lumina_rope, complex_freqs(B, S, D // 2)),
+                 "z_image": (z_image_rope, complex_freqs(B, S, D // 2)),
+                 "qwen": (qwen_rope, complex_freqs(S, D // 2))}[form]
+    b, out, eager = compile_and_run(fn, x, freqs, inductor=False)
+    assert b.stats.patterns["rope"] == 1 and fused(b, "rope") == 1
+    assert_ops_gone(b, *COMPLEX_CHAIN)
+    ref64 = torch.view_as_real(torch.view_as_complex(x.double().reshape(B, S, H, -1, 2))
+                               * freqs.to(torch.complex128).unsqueeze(2 if form != "qwen" else 1)).flatten(3)
+    assert_matches(out, eager, scale=2.0, ref64=ref64)
+
+
+def lookalike_complex_conjugate(x, freqs):
+    """x's pairs conjugated before the product: (x0, -x1) rotated, not a RoPE of x. (Conjugated *freqs* are
+    a RoPE with other tables; they fuse, see test_complex_rope_conjugated_freqs_fuses.)"""
+    x_c = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2)).conj()
+    return torch.view_as_real(x_c * freqs.unsqueeze(2)).flatten(3).type_as(x)
+
+
+def lookalike_complex_halves(x, freqs):
+    """Real parts first, then imaginary parts: the product laid out rotate-half style, not pairwise."""
+    x_c = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(x_c * freqs.unsqueeze(2)).transpose(-1, -2).flatten(3).type_as(x)
+
+
+def lookalike_complex_real_freqs(x, freqs):
+    """A real (not complex) factor: scales both parts, no rotation."""
+    x_c = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(x_c * freqs.abs().unsqueeze(2)).flatten(3).type_as(x)
+
+
+def test_complex_rope_conjugated_freqs_fuses():
+    """The inverse rotation by conjugated freqs (``freqs.conj()``, resolved in the graph) is RoPE with tables
+    Re f, -Im f: it fuses, and the result is the inverse rotation."""
+    x = torch.randn(2, 5, 2, 8)
+    freqs = complex_freqs(2, 5, 4)
+
+    def f(x, freqs):
+        return lumina_rope(x, freqs.conj())
+
+    b, out, eager = compile_and_run(f, x, freqs, inductor=False)
+    assert fused(b, "rope") == 1
+    assert_matches(out, eager)
+    torch.testing.assert_close(lumina_rope(out, freqs), x)  # rotated back
+
+
+def test_complex128_freqs_stay_unfused():
+    """complex128 freqs (Lumina2's default tables) make the product float64: not the op's fp32 math."""
+    x = torch.randn(2, 5, 2, 8)
+    freqs = complex_freqs(2, 5, 4).to(torch.complex128)
+    b, out, eager = compile_and_run(lumina_rope, x, freqs, inductor=False)
+    assert fused(b, "rope") == 0
+    torch.testing.assert_close(out, eager)
+
+
+@pytest.mark.parametrize("fn", [lookalike_complex_conjugate, lookalike_complex_halves, lookalike_complex_real_freqs])
+def test_complex_lookalikes_stay_unfused(fn):
+    x = torch.randn(2, 5, 2, 8, dtype=torch.bfloat16)
+    freqs = complex_freqs(2, 5, 4)
+    b, out, eager = compile_and_run(fn, x, freqs, inductor=False)
+    assert b.stats.patterns["rope"] == 0 and fused(b, "rope") == 0
+    assert_matches(out, eager)
+
+
+# --- rank-3 x: LTX apply_rotary_emb, LTX2 apply_interleaved_rotary_emb ------------------------------------
+
+
+def ltx_rope(x, cos, sin):
+    from diffusers.models.transformers.transformer_ltx import apply_rotary_emb as ltx_apply_rotary_emb
+
+    return ltx_apply_rotary_emb(x, (cos, sin))
+
+
+def ltx2_rope(x, cos, sin):
+    from diffusers.models.transformers.transformer_ltx2 import apply_interleaved_rotary_emb
+
+    return apply_interleaved_rotary_emb(x, (cos, sin))
+
+
+class _ErrorLogs(logging.Handler):
+    """Collects error-level records of the torch loggers (fake tensors log failed traces at ERROR)."""
+
+    def __init__(self):
+        super().__init__(logging.ERROR)
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+@pytest.fixture
+def error_logs():
+    """Error records of "torch" and of every torch logger that does not propagate to it (torch's logging
+    setup gives e.g. torch._subclasses.fake_tensor its own stderr handler)."""
+    handler = _ErrorLogs()
+    loggers = [logging.getLogger("torch")] + [
+        logger for name, logger in logging.root.manager.loggerDict.items()
+        if name.startswith("torch.") and isinstance(logger, logging.Logger) and not logger.propagate]
+    for logger in loggers:
+        logger.addHandler(handler)
+    yield handler.records
+    for logger in loggers:
+        logger.removeHandler(handler)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fn", [ltx_rope, ltx2_rope])
+def test_rank3_rope_fuses_silently(dtype, fn, error_logs):
+    """[B, S, C] with per-token tables [B, S, C] (LTX's rope output): fuses, and the rank-4 forms that look
+    the same do not log a failed trace while they are refused."""
+    B, S, C = 2, 6, 24
+    x = torch.randn(B, S, C, dtype=dtype)
+    cos, sin = tables(S, C)
+    cos, sin = cos.expand(B, S, C).contiguous(), sin.expand(B, S, C).contiguous()
+    b, out, eager = compile_and_run(fn, x, cos, sin, inductor=False)
+    assert b.stats.patterns["rope"] == 1 and fused(b, "rope") == 1
+    assert_ops_gone(b, *ROPE_CHAIN)
+    assert_matches(out, eager, scale=2.0, ref64=double(fn, x, cos, sin))
+    assert not error_logs, [r.getMessage() for r in error_logs]
+
+
+def lookalike_rank3_wrong_sign(x, cos, sin):
+    x_real, x_imag = x.unflatten(2, (-1, 2)).unbind(-1)
+    x_rotated = torch.stack([x_imag, -x_real], dim=-1).flatten(2)
+    return (x.float() * cos + x_rotated.float() * sin).to(x.dtype)
+
+
+def lookalike_rank3_mismatched_pairs(x, cos, sin):
+    """Pairs (k, k + C/2) read, written back interleaved: neither RoPE layout."""
+    x_real, x_imag = x.unflatten(2, (2, -1)).unbind(-2)
+    x_rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(2)
+    return (x.float() * cos + x_rotated.float() * sin).to(x.dtype)
+
+
+@pytest.mark.parametrize("fn", [lookalike_rank3_wrong_sign, lookalike_rank3_mismatched_pairs])
+def test_rank3_lookalikes_stay_unfused(fn, error_logs):
+    x = torch.randn(2, 5, 16, dtype=torch.bfloat16)
+    cos, sin = torch.randn(2, 5, 16), torch.randn(2, 5, 16)
+    b, out, eager = compile_and_run(fn, x, cos, sin, inductor=False)
+    assert b.stats.patterns["rope"] == 0 and fused(b, "rope") == 0
+    assert_matches(out, eager)
+    assert not error_logs, [r.getMessage() for r in error_logs]
+
+
+# --- HiDream apply_rope: a 2x2 matrix per pair ------------------------------------------------------------
+
+
+def hidream_freqs(B, S, D):
+    """HiDream's table: [B, S, 1, D/2, 2, 2] rotation matrices (HiDreamImageEmbedND, random positions)."""
+    from diffusers.models.transformers.transformer_hidream_image import HiDreamImageEmbedND
+
+    return HiDreamImageEmbedND(theta=10000, axes_dim=[D // 2, D // 2])(torch.randn(B, S, 2) * 4)
+
+
+def hidream_rope(q, k, freqs_cis):
+    from diffusers.models.transformers.transformer_hidream_image import apply_rope
+
+    return apply_rope(q, k, freqs_cis)
+
+
+def hidream_rope_half(q, k, freqs_cis):
+    """HiDream's attention when the head dim is twice the rope dim (its default config): rope on the first
+    chunk of the head dim, the rest passed through (transformer_hidream_image.py)."""
+    q1, q2 = q.chunk(2, dim=-1)
+    k1, k2 = k.chunk(2, dim=-1)
+    q1, k1 = hidream_rope(q1, k1, freqs_cis)
+    return torch.cat([q1, q2], dim=-1), torch.cat([k1, k2], dim=-1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tables_kind", ["hidream", "random"])
+@pytest.mark.parametrize("fn", [hidream_rope, hidream_rope_half])
+def test_hidream_rope_fuses(dtype, tables_kind, fn):
+    """q and k: two sites. Exact for HiDream's rotation matrices and for arbitrary 2x2 matrices."""
+    B, S, H, D = 2, 6, 2, 16
+    Dr = D if fn is hidream_rope else D // 2
+    q, k = torch.randn(B, S, H, D, dtype=dtype), torch.randn(B, S, H, D, dtype=dtype)
+    freqs = hidream_freqs(B, S, Dr) if tables_kind == "hidream" else torch.randn(B, S, 1, Dr // 2, 2, 2)
+    b, out, eager = compile_and_run(fn, q, k, freqs, inductor=False)
+    assert b.stats.patterns["rope"] == 2 and fused(b, "rope") == 2
+    assert_ops_gone(b, "aten.mul.Tensor", "aten.add.Tensor")
+    assert_matches(out, eager, scale=4.0, ref64=double(fn, q, k, freqs))
+
+
+def lookalike_hidream_swapped_columns(x, freqs_cis):
+    x_ = x.float().reshape(*x.shape[:-1], -1, 1, 2)
+    out = freqs_cis[..., 1] * x_[..., 0] + freqs_cis[..., 0] * x_[..., 1]
+    return out.reshape(*x.shape).type_as(x)
+
+
+def lookalike_hidream_difference(x, freqs_cis):
+    x_ = x.float().reshape(*x.shape[:-1], -1, 1, 2)
+    out = freqs_cis[..., 0] * x_[..., 0] - freqs_cis[..., 1] * x_[..., 1]
+    return out.reshape(*x.shape).type_as(x)
+
+
+@pytest.mark.parametrize("fn", [lookalike_hidream_swapped_columns, lookalike_hidream_difference])
+def test_hidream_lookalikes_stay_unfused(fn):
+    x = torch.randn(2, 5, 2, 8, dtype=torch.bfloat16)
+    freqs = torch.randn(2, 5, 1, 4, 2, 2)
+    b, out, eager = compile_and_run(fn, x, freqs, inductor=False)
+    assert b.stats.patterns["rope"] == 0 and fused(b, "rope") == 0
+    assert_matches(out, eager)
+
+
+# --- LTX2 apply_split_rotary_emb: rotate-half with per-head half tables -----------------------------------
+
+
+def ltx2_split_rope(x, cos, sin):
+    from diffusers.models.transformers.transformer_ltx2 import apply_split_rotary_emb
+
+    return apply_split_rotary_emb(x, (cos, sin))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ltx2_split_rope_fuses(dtype):
+    """q [B, T, H * D] with tables [B, H, T, D/2] as LTX2's rope builds them (a transposed view)."""
+    B, T, H, D = 2, 5, 3, 8
+    x = torch.randn(B, T, H * D, dtype=dtype)
+    cos, sin = (torch.randn(B, T, H, D // 2).transpose(1, 2) for _ in range(2))
+    b, out, eager = compile_and_run(ltx2_split_rope, x, cos, sin, inductor=False)
+    assert b.stats.patterns["rope"] == 1 and fused(b, "rope") == 1
+    assert_ops_gone(b, "aten.addcmul.default")
+    assert_matches(out, eager, scale=4.0, ref64=double(ltx2_split_rope, x, cos, sin))
+
+
+def _ltx2_split_like(x, cos, sin, first, second, sign):
+    """apply_split_rotary_emb with the halves each addcmul reads, and the sign of the first, as given."""
+    x_dtype = x.dtype
+    b, h, t, _ = cos.shape
+    x = x.reshape(b, t, h, -1).swapaxes(1, 2)
+    split_x = x.reshape(*x.shape[:-1], 2, -1).float()
+    halves = {0: split_x[..., :1, :], 1: split_x[..., 1:, :]}
+    out = split_x * cos.unsqueeze(-2)
+    out[..., :1, :].addcmul_(sign * sin.unsqueeze(-2), halves[first])
+    out[..., 1:, :].addcmul_(-sign * sin.unsqueeze(-2), halves[second])
+    return out.reshape(*out.shape[:-2], -1).swapaxes(1, 2).reshape(b, t, -1).to(x_dtype)
+
+
+def lookalike_ltx2_split_sign_flipped(x, cos, sin):
+    """The conjugate rotation written in the code: +sin on the first half, -sin on the second."""
+    return _ltx2_split_like(x, cos, sin, first=1, second=0, sign=1)
+
+
+def lookalike_ltx2_split_same_half(x, cos, sin):
+    """Each half times (cos -/+ sin) of itself: a scale, not a rotation."""
+    return _ltx2_split_like(x, cos, sin, first=0, second=1, sign=-1)
+
+
+@pytest.mark.parametrize("fn", [lookalike_ltx2_split_sign_flipped, lookalike_ltx2_split_same_half])
+def test_ltx2_split_lookalikes_stay_unfused(fn):
+    B, T, H, D = 2, 5, 2, 8
+    x = torch.randn(B, T, H * D, dtype=torch.bfloat16)
+    cos, sin = torch.randn(B, H, T, D // 2), torch.randn(B, H, T, D // 2)
+    b, out, eager = compile_and_run(fn, x, cos, sin, inductor=False)
+    assert b.stats.patterns["rope"] == 0 and fused(b, "rope") == 0
+    assert_matches(out, eager)

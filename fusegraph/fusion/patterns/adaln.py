@@ -10,7 +10,11 @@ Source forms (diffusers):
   ``[B, D]`` chunks: the ``1 +`` comes before the broadcast, so the replacement unsqueezes scale itself.
 * Wan: ``(FP32LayerNorm(x.float()) * (1 + scale) + shift).type_as(x)`` with fp32 ``[B, 1, D]`` or per-token
   ``[B, S, D]`` modulation → ``adaln(x, scale, shift, eps, out_dtype=x.dtype)``: the fused op upcasts x itself.
-* a LayerNorm with weight and bias before the modulation → ``adaln(..., weight=, bias=)``.
+* a LayerNorm with weight and bias before the modulation → ``adaln(..., weight=, bias=)``, in the ``[B, 1, D]``
+  layout and in the continuous one (CogVideoXLayerNormZero: ``norm(x) * (1 + scale)[:, None, :] + shift[:, None, :]``
+  with an affine ``nn.LayerNorm``).
+* Flux2: ``(1 + scale) * norm(x) + shift``. The matcher compares arguments in order (it knows nothing of
+  commutativity), so the scale-first product is a form of its own.
 
 Output dtype: the source's (type promotion of x, scale and shift, or ``x.dtype`` after ``type_as``), passed
 as ``out_dtype`` when it is not x's. eps is captured from the graph. The ``1`` in ``1 + scale``, the
@@ -48,6 +52,10 @@ def _zero(x, scale, shift, eps):
     return _ln(x, eps) * (1 + scale) + shift
 
 
+def _zero_scale_first(x, scale, shift, eps):
+    return (1 + scale) * _ln(x, eps) + shift
+
+
 def _continuous(x, scale, shift, eps):
     return _ln(x, eps) * (1 + scale)[:, None, :] + shift[:, None, :]
 
@@ -58,6 +66,10 @@ def _fp32(x, scale, shift, eps):
 
 def _affine(x, weight, bias, scale, shift, eps):
     return F.layer_norm(x, [x.shape[-1]], weight, bias, eps) * (1 + scale) + shift
+
+
+def _affine_continuous(x, weight, bias, scale, shift, eps):
+    return F.layer_norm(x, [x.shape[-1]], weight, bias, eps) * (1 + scale)[:, None, :] + shift[:, None, :]
 
 
 # ---- replacements ------------------------------------------------------------------------------------
@@ -89,6 +101,11 @@ def _fused_affine(x, weight, bias, scale, shift, eps):
     return torch.ops.fusegraph.adaln(
         x, scale, shift, eps, weight=weight, bias=bias, out_dtype=_out_dtype(x, weight, bias, scale, shift)
     )
+
+
+def _fused_affine_continuous(x, weight, bias, scale, shift, eps):
+    scale, shift = scale.unsqueeze(1), shift.unsqueeze(1)
+    return _fused_affine(x, weight, bias, scale, shift, eps)
 
 
 # ---- checks ------------------------------------------------------------------------------------------
@@ -168,12 +185,13 @@ def _norm_chain(var_mean: torch.fx.Node):
 
 
 def _is_modulation(user: torch.fx.Node, norm_out: torch.fx.Node) -> bool:
-    """``norm_out * t + u`` where t is ``1 + s`` or a view of it: what the adaln patterns fuse."""
+    """``norm_out * t + u`` (or ``t * norm_out + u``) where t is ``1 + s`` or a view of it: what the adaln
+    patterns fuse."""
     if user.op != "call_function" or user.target != _aten.mul.Tensor or len(user.args) != 2:
         return False
-    if user.args[0] is not norm_out or len(user.users) != 1:
+    if norm_out not in user.args or len(user.users) != 1:
         return False
-    factor = user.args[1]
+    factor = user.args[1] if user.args[0] is norm_out else user.args[0]  # norm * (1 + s) or (1 + s) * norm
     while isinstance(factor, torch.fx.Node) and factor.target in (_aten.unsqueeze.default, _aten.view.default):
         factor = factor.args[0]
     return (isinstance(factor, torch.fx.Node) and factor.target == _aten.add.Tensor and factor.args[1] == 1
@@ -234,8 +252,11 @@ def register(pm: PatternMatcherPass, opts) -> None:
             if x_dtype != torch.float32:
                 reg(_fp32, _fused_fp32, [x, *mod, _EPS_MAGIC])  # contains _zero on x.float(): first
             reg(_zero, _fused_zero, [x, *mod, _EPS_MAGIC])
+            reg(_zero_scale_first, _fused_zero, [x, *mod, _EPS_MAGIC])
             wb = [torch.empty(D, dtype=x_dtype) for _ in range(2)]
             reg(_affine, _fused_affine, [x, *wb, *mod, _EPS_MAGIC])
             chunks = [torch.empty(B, D, dtype=m_dtype) for _ in range(2)]
             reg(_continuous, _fused_continuous, [x, *chunks, _EPS_MAGIC],
+                extra_check=functools.partial(_supported, chunks=True))
+            reg(_affine_continuous, _fused_affine_continuous, [x, *wb, *chunks, _EPS_MAGIC],
                 extra_check=functools.partial(_supported, chunks=True))

@@ -7,6 +7,9 @@ Source forms (each traced with Inductor's decompositions, exactly as the model's
 * diffusers ``RMSNorm.forward`` (non-NPU branch): fp32 variance, ``x * rsqrt(var + eps)``, cast to the
   weight's dtype when the weight is fp16/bf16, times weight, plus optional bias; without weight cast back to
   ``x.dtype``: ``style="diffusers"``, which reproduces those output dtypes.
+* diffusers ``MochiRMSNorm`` (Mochi's QK-norms): the same fp32 variance, but the weight is multiplied in without
+  the cast before it (fp32 times a bf16/fp16 weight promotes to fp32), then one cast to ``x.dtype``: exactly
+  ``torch.rms_norm``'s math, so ``style="torch"``. For fp32 x it traces to the diffusers fp32-weight form.
 
 eps is captured from the graph (``scalar_workaround``), never baked in: it arrives fp32-rounded from
 ``nn.RMSNorm`` (e.g. 9.999999974752427e-07). Ints, dtypes and shapes are ignored by the first, coarse match
@@ -56,6 +59,11 @@ def _diffusers_weight(x, weight, eps):
 
 def _diffusers_weight_bias(x, weight, bias, eps):
     return _diffusers_weight(x, weight, eps) + bias
+
+
+def _mochi_weight(x, weight, eps):
+    # MochiRMSNorm: no cast before the weight; the product is fp32 and is cast to x's dtype once
+    return (_diffusers_core(x, eps) * weight).to(x.dtype)
 
 
 def _diffusers_plain(x, eps):
@@ -143,6 +151,7 @@ def register(pm: PatternMatcherPass, opts) -> None:
         (_diffusers_weight_bias, _fused_diffusers_weight_bias, 3),
         (_diffusers_weight, _fused_diffusers_weight, 2),
         (_diffusers_plain, _fused_diffusers_plain, 1),
+        (_mochi_weight, _fused_torch_weight, 2),
         (_torch_weight, _fused_torch_weight, 2),
         (_torch_plain, _fused_torch_plain, 1),
     )

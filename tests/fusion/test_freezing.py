@@ -1,0 +1,174 @@
+"""Freezing never outlives the values it folded (SPEC §9 "Correctness first").
+
+Dynamo compiles a module class's forward once and reuses the graph for every instance of the class, with the
+parameters as graph inputs; a frozen graph folded the first instance's values. Weights updated in place,
+replaced, or re-pointed (``.data =``) after compile are the same problem. Every route must give eager's result.
+"""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import fusegraph.backend as backend_mod
+from fusegraph import Backend, CompilationConfig
+
+ROUTES = {
+    "default": dict(),
+    "aten": dict(inductor=False),
+    "graph_with_compile": dict(graph_with_compile=True),
+    "graph_only": dict(graph_only=True),
+}
+
+
+class Block(nn.Module):
+    def __init__(self, d=8):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+        self.norm = nn.RMSNorm(d, eps=1e-6)
+
+    def forward(self, x):
+        return F.gelu(self.lin(self.norm(x)), approximate="tanh")
+
+
+class Net(nn.Module):
+    """The issue's reproducer: one Block graph, reused by Dynamo for every instance (a graph break between)."""
+
+    def __init__(self, n=3, d=8):
+        super().__init__()
+        self.blocks = nn.ModuleList([Block(d) for _ in range(n)])
+        for p in self.parameters():
+            nn.init.normal_(p)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+            torch._dynamo.graph_break()
+        return x
+
+
+def compiled(net, route, **extra):
+    backend = Backend(CompilationConfig(**ROUTES[route], **extra))
+    return torch.compile(net, backend=backend), backend
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_graph_reused_across_instances_uses_each_instance_weights(route):
+    torch.manual_seed(0)
+    net = Net().eval()
+    fn, backend = compiled(net, route)
+    with torch.no_grad():
+        for _ in range(2):  # the second call replays every specialization
+            x = torch.randn(2, 8)
+            torch.testing.assert_close(fn(x), net(x), rtol=1e-5, atol=1e-5)
+    assert backend.stats.graphs_compiled == 1  # one Dynamo graph for the Block class ...
+    assert backend.stats.frozen_recompiles == 2  # ... frozen once per further instance
+    if route != "graph_only":
+        # the sites of one Dynamo graph count once, however many instances it is frozen for
+        assert backend.stats.patterns["rms_norm"] == 1 and backend.stats.patterns["gelu"] == 1
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("how", ["copy_", "load_state_dict", "replace_parameter", "set_data"])
+def test_weights_changed_after_compile_are_not_stale(route, how):
+    torch.manual_seed(1)
+    net = Block().eval()
+    fn, backend = compiled(net, route)
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(fn(x), net(x), rtol=1e-5, atol=1e-5)
+        new_w = torch.randn(8, 8)
+        if how == "copy_":
+            net.lin.weight.copy_(new_w)
+        elif how == "load_state_dict":
+            state = copy.deepcopy(net.state_dict())
+            state["lin.weight"] = new_w
+            net.load_state_dict(state)
+        elif how == "replace_parameter":
+            net.lin.weight = nn.Parameter(new_w)
+        else:
+            net.lin.weight.data = new_w
+        torch.testing.assert_close(fn(x), net(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(fn(x), net(x), rtol=1e-5, atol=1e-5)  # and replayed again
+    assert backend.stats.frozen_recompiles >= 1
+
+
+def test_specialization_limit_falls_back_to_one_unfrozen_compile(monkeypatch):
+    monkeypatch.setattr(backend_mod, "FROZEN_SPECIALIZATION_LIMIT", 2)
+    torch.manual_seed(2)
+    net = Net(n=5).eval()
+    fn, backend = compiled(net, "aten")
+    with torch.no_grad():
+        for _ in range(2):
+            x = torch.randn(2, 8)
+            torch.testing.assert_close(fn(x), net(x), rtol=1e-5, atol=1e-5)
+    # 2 frozen compiles (instances 1, 2), then one unfrozen compile for instances 3-5
+    assert backend.stats.frozen_recompiles == 2
+    assert any("unfrozen compile" in reason for reason in backend.stats.fallbacks)
+
+
+@pytest.mark.parametrize("route", ["default", "aten"])
+def test_dynamic_shapes_are_not_frozen(route):
+    """A re-compile on a guard miss runs outside Dynamo and would specialise symbolic shapes: such graphs are
+    compiled unfrozen (Mochi's norms, called with 8 and 32 tokens, crashed with a frozen re-compile)."""
+    torch.manual_seed(3)
+    net = Net(n=2).eval()
+    fn, backend = compiled(net, route)
+    with torch.no_grad():
+        for rows in (2, 5, 7, 5, 2):  # 5 makes Dynamo recompile the graph with a symbolic row count
+            x = torch.randn(rows, 8)
+            torch.testing.assert_close(fn(x), net(x), rtol=1e-5, atol=1e-5)
+    assert backend.stats.graphs_compiled == 2 and backend.stats.frozen_recompiles == 1  # static graph: instance 2
+
+
+def test_unchanged_weights_never_recompile():
+    torch.manual_seed(4)
+    net = Block().eval()
+    fn, backend = compiled(net, "aten")
+    with torch.no_grad():
+        for _ in range(5):
+            x = torch.randn(3, 8)
+            torch.testing.assert_close(fn(x), net(x), rtol=1e-5, atol=1e-5)
+    assert backend.stats.frozen_recompiles == 0 and backend.stats.graphs_compiled == 1
+
+
+def test_frozen_guard_check():
+    from fusegraph import _C
+
+    a, b = nn.Parameter(torch.randn(3)), nn.Parameter(torch.randn(3))
+    g = _C.graph.FrozenGuard([1], [a])
+    M = _C.graph.FrozenMatch
+    assert g.check((torch.randn(2), a)) == M.SAME
+    assert g.check((torch.randn(2), b)) == M.OTHER
+    assert g.check((a,)) == M.OTHER  # too few arguments
+    assert g.check((torch.randn(2), 1.0)) == M.OTHER  # not a tensor
+    with torch.no_grad():
+        a.mul_(2)
+    assert g.check((None, a)) == M.CHANGED
+    g = _C.graph.FrozenGuard([0], [b])
+    b.data = torch.randn(3)
+    assert g.check((b,)) == M.CHANGED
+
+
+def _first_tensor(out):
+    if isinstance(out, (tuple, list)):
+        return out[0]
+    return getattr(out, "sample", out)
+
+
+@pytest.mark.parametrize("route", ["default", "aten", "graph_with_compile"])
+@pytest.mark.parametrize("name", ["HiDreamImageTransformer2DModel", "HunyuanVideo15Transformer3DModel"])
+def test_models_that_reuse_block_graphs(name, route):
+    """The two zoo models whose output was silently wrong: Dynamo reused one block graph (graph breaks inside the
+    blocks) for every block instance, each running with the first instance's frozen weights (max |diff| 0.13)."""
+    from fusegraph import zoo
+
+    model, kwargs = zoo.build(name)
+    fn, backend = compiled(model, route)
+    with torch.no_grad():
+        ref = _first_tensor(model(**kwargs))
+        torch.testing.assert_close(_first_tensor(fn(**kwargs)), ref, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(_first_tensor(fn(**kwargs)), ref, rtol=1e-4, atol=1e-4)
+    if name.startswith("HiDream"):  # its MoE breaks the graph inside every block: each block graph is reused
+        assert backend.stats.frozen_recompiles >= 1
