@@ -124,7 +124,7 @@ class _FusionPass(_PassBase):
 
     def uuid(self):
         fp = self.backend.config.fusion_patterns
-        opts = tuple(sorted(fp.as_dict().items()))
+        opts = tuple(sorted(fp.as_dict().items())) + (("verify", self.backend.config.verify),)
         return hashlib.sha256(repr((_source_hash(), opts)).encode()).hexdigest()
 
     def __deepcopy__(self, memo):  # Inductor may deep-copy its config; the pass is stateless as far as it is concerned
@@ -139,11 +139,21 @@ class _CompileJob:
         self.graph_id = graph_id
         self.counts: Optional[dict] = None
         self.fusing = True
+        self.freeze = backend.config.enable_freezing  # fold parameters into constants (False: the unfrozen re-compile)
+        self.count = True  # add fused counts to stats (False: a re-compile of a graph already counted)
         self.fallbacks: list = []
         self.glog = passes.GraphLog(backend._log_dir, f"graph{graph_id:03d}")
+        self.real_inputs: Optional[list] = None  # Dynamo's real example inputs (after freezing), for verify
 
     def fuse(self, graph_or_gm) -> None:
-        counts = passes.fuse_graph(graph_or_gm, self.backend.config, stats=self.backend.stats, graph_log=self.glog)
+        verify_inputs = None
+        if self.backend.config.verify:
+            verify_inputs, why = passes.verify_inputs_for(graph_or_gm, self.real_inputs)
+            if why:
+                self.note_fallback(why)
+        counts = passes.fuse_graph(graph_or_gm, self.backend.config, stats=self.backend.stats if self.count else None,
+                                   graph_log=self.glog,
+                                   verify_inputs=verify_inputs)
         if self.counts is None:
             self.counts = counts
         else:
@@ -208,52 +218,71 @@ class Backend:
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
         t0 = time.perf_counter()
-        job = _CompileJob(self, next(self._ids))
-        route, why = self.select_route(example_inputs)
-        if why:
-            job.note_fallback(why)
-        self.last_route = route
-        job.fusing = route != "graph_only"
         captured_before, seconds_before = self.stats.graphs_captured, self.stats.capture_seconds
-        keep = None
         # Every route freezes when asked (weights become constants of the graph, so a captured graph holds them
-        # instead of copying them into static buffers on each replay).
-        if self.config.enable_freezing and not torch.is_grad_enabled():
-            gm, keep = _parameters_to_attributes(gm, example_inputs)
-            if keep is not None:
-                example_inputs = [example_inputs[i] for i in keep]
-        if route == "default" and self.config.inductor:
-            compiled = self._compile_inductor(gm, example_inputs, job)
-        else:
-            compiled = self._compile_aten(gm, example_inputs, job, route)
-        if keep is not None:
-            compiled = _pass_kept_args(compiled, keep)
+        # instead of copying them into static buffers on each replay). Dynamo reuses this graph for every module
+        # instance of the same class, so the frozen graph is guarded per call (_FrozenGraph).
+        # A graph with symbolic shapes is not frozen: a re-compile on a guard miss would run outside Dynamo and
+        # specialise its shapes.
+        freeze = self.config.enable_freezing and not torch.is_grad_enabled()
+        if freeze and _has_symbolic_inputs(gm, example_inputs):
+            log.debug("fusegraph: graph with symbolic shapes: compiled without freezing")
+            freeze = False
+        params = _frozen_parameters(gm, example_inputs) if freeze else {}
+        job, compiled = self._compile(gm, example_inputs, params, freeze=freeze)
+        if params:
+            compiled = _FrozenGraph(self, gm, example_inputs, params, compiled, job.graph_id)
         seconds = time.perf_counter() - t0
         with self.stats._lock:
             self.stats.graphs_compiled += 1
             self.stats.compile_seconds += seconds
         log.info(self._summary(job, self.stats.graphs_captured - captured_before,
                                self.stats.capture_seconds - seconds_before))
-        log.debug("fusegraph: graph %d compiled in %.2f s on the %s route (%s)", job.graph_id, seconds, route,
-                  "Inductor" if route == "default" and self.config.inductor else "aten graph")
+        log.debug("fusegraph: graph %d compiled in %.2f s on the %s route (%s)", job.graph_id, seconds,
+                  self.last_route, "Inductor" if self.last_route == "default" and self.config.inductor else "aten graph")
         return compiled
+
+    def _compile(self, gm, example_inputs, params: dict, *, freeze: bool, graph_id: Optional[int] = None):
+        """One compile of the Dynamo graph on the selected route; ``params`` ({input position: tensor}) are folded
+        into the graph as constants. Returns (job, callable taking every original input)."""
+        job = _CompileJob(self, next(self._ids) if graph_id is None else graph_id)
+        job.freeze = freeze
+        job.count = graph_id is None  # a re-compile fuses the same sites of the same Dynamo graph again
+        route, why = self.select_route(example_inputs)
+        if why:
+            job.note_fallback(why)
+        self.last_route = route
+        job.fusing = route != "graph_only"
+        keep = None
+        if params:
+            gm, keep = _parameters_to_attributes(gm, params)
+            example_inputs = [example_inputs[i] for i in keep]
+        if route == "default" and self.config.inductor:
+            compiled = self._compile_inductor(gm, example_inputs, job)
+        else:
+            compiled = self._compile_aten(gm, example_inputs, job, route)
+        if keep is not None:
+            compiled = _pass_kept_args(compiled, keep)
+        return job, compiled
 
     # default route, inductor=True
     def _compile_inductor(self, gm, example_inputs, job):
         from torch._inductor.compile_fx import compile_fx
 
         fusion_pass = _FusionPass(self, job)
-        patches = {"post_grad_custom_pre_pass": fusion_pass, "freezing": self.config.enable_freezing}
+        job.real_inputs = list(example_inputs)  # the post-grad graph's placeholders once Inductor froze the rest
+        patches = {"post_grad_custom_pre_pass": fusion_pass, "freezing": job.freeze}
         compiled = compile_fx(gm, example_inputs, config_patches=patches)
         # Inductor's caches skip the custom pass on a hit: the counts then come from when the graph was fused.
-        key = _counts_key(gm, example_inputs, fusion_pass.uuid(), self.config.enable_freezing)
+        key = _counts_key(gm, example_inputs, fusion_pass.uuid(), job.freeze)
         if job.counts is not None:
             _store_counts(key, job.counts)
         else:
             counts = _load_counts(key)
             if counts is not None:
                 job.counts = counts
-                self.stats.add_patterns(counts)
+                if job.count:
+                    self.stats.add_patterns(counts)
         return compiled
 
     # default route with inductor=False, and the graph routes: an aten graph, fused or not, run or captured
@@ -263,6 +292,7 @@ class Backend:
         from functorch.compile import make_boxed_func
 
         fuse = route != "graph_only"
+        job.real_inputs = list(example_inputs)  # the aot graph's placeholders after the lifted parameters
 
         def plain(aot_gm, aot_inputs):
             if fuse:
@@ -275,7 +305,7 @@ class Backend:
             else:
                 job.record_ops(aot_gm)
             graph, keep = aot_gm, None
-            if self.config.enable_freezing and not torch.is_grad_enabled():
+            if job.freeze and not torch.is_grad_enabled():
                 graph, keep = self._freeze(gm, aot_gm, aot_inputs)
                 if keep is not None:
                     job.record_ops(graph)
@@ -371,14 +401,13 @@ def _load_counts(key: str) -> Optional[dict]:
         return None
 
 
-def _parameters_to_attributes(gm: torch.fx.GraphModule, example_inputs):
-    """Freezing, step one. Dynamo hands parameters over as graph inputs unless torch._inductor.config.freezing was
-    set globally when it traced; this makes the inputs that are nn.Parameters attributes of a copy of the graph
-    module (the layout Inductor's freezing expects), so freezing follows this Backend's own config.
-    Returns (new module, indices of the inputs that stay inputs), or (gm, None) when there is nothing to freeze."""
+def _frozen_parameters(gm: torch.fx.GraphModule, example_inputs) -> dict:
+    """The inputs freezing may fold: {input position: tensor} for each graph input that is an nn.Parameter.
+    Dynamo hands parameters over as graph inputs unless torch._inductor.config.freezing was set globally when it
+    traced; its per-input annotation (``grapharg``) says which inputs are parameters."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(example_inputs):
-        return gm, None
+        return {}
     params = {}
     for i, node in enumerate(placeholders):
         grapharg = node.meta.get("grapharg")
@@ -386,10 +415,18 @@ def _parameters_to_attributes(gm: torch.fx.GraphModule, example_inputs):
             real = grapharg.example if grapharg is not None else None
         except Exception:  # an expired weak reference: leave the input alone
             real = None
-        if isinstance(real, torch.nn.Parameter):
-            params[i] = (real, grapharg.source)
-    if not params:
-        return gm, None
+        if isinstance(real, torch.nn.Parameter) and example_inputs[i] is real:
+            params[i] = real
+            # Dynamo drops its annotations after this compile; a re-compile (_FrozenGraph) needs the source again.
+            node.meta["fusegraph_param_source"] = grapharg.source
+    return params
+
+
+def _parameters_to_attributes(gm: torch.fx.GraphModule, params: dict):
+    """Freezing, step one: the inputs at ``params``' positions become attributes (holding ``params``' tensors) of a
+    copy of the graph module, the layout Inductor's freezing expects, so freezing follows this Backend's own
+    config. Returns (new module, indices of the inputs that stay inputs)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     graph = torch.fx.Graph()
     out = graph.graph_copy(gm.graph, val_map := {})
     graph.output(out)
@@ -404,10 +441,9 @@ def _parameters_to_attributes(gm: torch.fx.GraphModule, example_inputs):
         if i not in params:
             keep.append(i)
             continue
-        real, source = params[i]
         name = f"_fusegraph_frozen_param_{i}"
-        setattr(new, name, real)
-        name_to_source[name] = source  # aot_autograd maps module attributes to their sources
+        setattr(new, name, params[i])
+        name_to_source[name] = node.meta["fusegraph_param_source"]  # aot_autograd maps attributes to sources
         copy_node = val_map[node]
         with graph.inserting_before(copy_node):
             attr = graph.get_attr(name)
@@ -418,6 +454,96 @@ def _parameters_to_attributes(gm: torch.fx.GraphModule, example_inputs):
     new._param_name_to_source = name_to_source
     new.recompile()
     return new, keep
+
+
+# At most this many frozen compiles per Dynamo graph (module instances sharing it, weight updates after compile);
+# past it, one compile without freezing serves every other call. Dynamo's own recompile limit is 8 too.
+FROZEN_SPECIALIZATION_LIMIT = 8
+
+
+class _FrozenGraph:
+    """A frozen compile, guarded per call: the parameters it folded must be the tensors passed, unchanged.
+
+    Dynamo compiles a module class's ``forward`` once and reuses the graph for every instance of the class (the
+    parameters are graph inputs it does not guard), and it does not see weights updated in place. Inductor's
+    own freezing avoids this by making Dynamo guard each parameter's identity while tracing; a backend cannot,
+    so the check runs here, in C++ (``FrozenGuard``: identity, version counter and data pointer per parameter).
+
+    On a miss the graph is compiled again, frozen on the parameters of this call (another module instance gets
+    its own specialization; changed weights are folded anew), up to ``FROZEN_SPECIALIZATION_LIMIT`` frozen
+    compiles; past that one unfrozen compile (parameters passed as inputs) serves every call that matches no
+    frozen one. Re-compiles run outside Dynamo on this call's inputs, so only static-shape graphs are frozen.
+    Every miss is logged and counted (``stats.frozen_recompiles``; the unfrozen one also in ``stats.fallbacks``)."""
+
+    def __init__(self, backend: Backend, gm, example_inputs, params: dict, compiled, graph_id: int):
+        from . import _C
+
+        self._guard_type = _C.graph.FrozenGuard
+        self._same = _C.graph.FrozenMatch.SAME
+        self._changed = _C.graph.FrozenMatch.CHANGED
+        self.backend = backend
+        self.gm = gm
+        self.graph_id = graph_id
+        self.positions = sorted(params)
+        self.entries = [(self._guard(params), compiled)]  # most recent first
+        self.frozen_compiles = 1
+        self.unfrozen = None
+        self._lock = threading.Lock()
+
+    def _guard(self, params: dict):
+        return self._guard_type(self.positions, [params[i] for i in self.positions])
+
+    def __call__(self, *args):
+        guard, compiled = self.entries[0]
+        if guard.check(args) == self._same:
+            return compiled(*args)
+        return self._miss(args)(*args)
+
+    def _miss(self, args):
+        with self._lock:
+            changed = None
+            for k, (guard, compiled) in enumerate(self.entries):
+                match = guard.check(args)
+                if match == self._same:
+                    self.entries.insert(0, self.entries.pop(k))
+                    return compiled
+                if match == self._changed:
+                    changed = k
+            what = ("weights changed after compile (in-place update or a new .data)" if changed is not None
+                    else "called with other parameter tensors (another module instance, or a replaced parameter)")
+            stats = self.backend.stats
+            if self.frozen_compiles < FROZEN_SPECIALIZATION_LIMIT:
+                params = {i: args[i] for i in self.positions}
+                log.info("fusegraph: frozen graph %d %s: compiling it frozen on these parameters (%d of %d)",
+                         self.graph_id, what, self.frozen_compiles + 1, FROZEN_SPECIALIZATION_LIMIT)
+                _, compiled = self.backend._compile(self.gm, list(args), params, freeze=True, graph_id=self.graph_id)
+                if changed is not None:
+                    self.entries.pop(changed)
+                self.entries.insert(0, (self._guard(params), compiled))
+                self.frozen_compiles += 1
+                with stats._lock:
+                    stats.frozen_recompiles += 1
+                return compiled
+            if self.unfrozen is None:
+                self.backend._fallback(f"frozen graph {what}; {FROZEN_SPECIALIZATION_LIMIT} frozen compiles already: "
+                                       "running an unfrozen compile of it for such calls")
+                _, self.unfrozen = self.backend._compile(self.gm, list(args), {}, freeze=False, graph_id=self.graph_id)
+                with stats._lock:
+                    stats.frozen_recompiles += 1
+            return self.unfrozen
+
+
+def _has_symbolic_inputs(gm, example_inputs) -> bool:
+    """Dynamo compiled this graph for symbolic sizes (dynamic shapes): SymInt inputs or symbolic tensor sizes."""
+    if any(not isinstance(x, torch.Tensor) for x in example_inputs):
+        return True
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            val = node.meta.get("example_value")
+            if isinstance(val, torch.SymInt) or (
+                    isinstance(val, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in val.shape)):
+                return True
+    return False
 
 
 def _pass_kept_args(compiled, keep):

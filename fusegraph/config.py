@@ -206,6 +206,11 @@ class CompilationConfig(_ConfigBase):
     graph_log_url = _Field(None, _optional_path, "A directory: each pass writes the graph before and after it "
                                                  "there, as readable text.")
     fusion_patterns = _Field(None, _fusion_patterns, "Which fusion pattern families run (FusionPatterns).")
+    verify = _Field(False, _bool, "Compile-time safety net: run each graph on its real example inputs before and "
+                                  "after fusion; a pattern family that changes the result beyond the output "
+                                  "dtype's tolerance is undone for that graph, logged with its sites' source "
+                                  "lines and counted in stats.fallbacks. Costs about two graph runs and one "
+                                  "extra fusion per graph. Env FUSEGRAPH_VERIFY=1 sets the process default.")
 
     def __init__(self, **overrides):
         super().__init__()
@@ -223,6 +228,28 @@ class CompilationConfig(_ConfigBase):
             return None
         return super()._convert(name, value, defaults)
 
+
+def _env_bool(var: str, field: str) -> None:
+    """Sets the process default of a bool field from an environment variable, read once at import. A value that
+    is not a boolean warns (naming the variable and the field) and leaves the default alone: a typo in the
+    environment should not make ``import fusegraph`` fail."""
+    raw = os.environ.get(var)
+    if raw is None:
+        return
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        setattr(CompilationConfig, field, True)
+    elif value in ("0", "false", "no", "off", ""):
+        setattr(CompilationConfig, field, False)
+    else:
+        import warnings
+
+        warnings.warn(f"{var}={raw!r} is not a boolean (1/0, true/false, yes/no, on/off); "
+                      f"CompilationConfig.{field} keeps its default {getattr(CompilationConfig, field)!r}",
+                      RuntimeWarning, stacklevel=2)
+
+
+_env_bool("FUSEGRAPH_VERIFY", "verify")
 
 # Class level, fusion_patterns is FusionPatterns itself (so CompilationConfig.fusion_patterns.enable_rope = False
 # sets a process default); an instance gets its own FusionPatterns copied at construction.

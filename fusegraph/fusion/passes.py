@@ -7,11 +7,13 @@ pattern, which is slow) and shared by every Backend whose options match.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib
 import logging
 import operator
 import os
+import re
 import threading
 import warnings
 from typing import Optional
@@ -184,34 +186,317 @@ class GraphLog:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# Verification (CompilationConfig.verify): a differential check of the families on the graph's real inputs
+
+# Relative tolerance by output dtype: torch.testing.assert_close's defaults for bf16/fp16/fp64; fp32 is looser
+# than its 1.3e-6 because a fused op reassociates sums (a norm's reduction) and a graph repeats that over blocks.
+_VERIFY_RTOL = {torch.float64: 1e-7, torch.float32: 1e-4, torch.bfloat16: 1.6e-2, torch.float16: 1e-3}
+_VERIFY_ATOL = 1e-5  # all-zero outputs
+_FAMILY_SWITCH = {"adaln": "enable_adalayernorm", "rope": "enable_rope", "rms_norm": "enable_rms_norm",
+                  "gelu": "enable_fast_gelu", "mul_add": "enable_mul_add"}
+assert set(_FAMILY_SWITCH) == set(FAMILIES)
+
+
+def verify_inputs_for(graph_or_gm, inputs, params=None) -> tuple:
+    """The real tensors for the graph's placeholders, in order, as ``(inputs, None)``; ``(None, why)`` when they
+    cannot be matched safely. ``inputs`` are the example inputs the graph was compiled for (after freezing
+    dropped some); ``params`` the parameters and buffers aot_autograd lifted in front of them (default: the
+    current TracingContext's ``params_flat``), which are placeholders until freezing folds them into constants.
+    Every pair is checked (dtype, device, rank, static sizes; python values for symbolic ints); fake, meta,
+    subclass or unhinted symbolic example inputs are refused: verification runs the graph for real."""
+    graph = graph_or_gm.graph if isinstance(graph_or_gm, torch.fx.GraphModule) else graph_or_gm
+    if inputs is None:
+        return None, "verify skipped: no real example inputs for this graph"
+    if params is None:
+        context = torch._guards.TracingContext.try_get()
+        params = (getattr(context, "params_flat", None) or []) if context is not None else []
+    placeholders = graph.find_nodes(op="placeholder")
+    inputs, params = list(inputs), list(params)
+    if len(placeholders) == len(inputs):
+        candidates = inputs
+    elif len(placeholders) == len(params) + len(inputs):
+        candidates = params + inputs
+    else:
+        return None, (f"verify skipped: the graph has {len(placeholders)} inputs, the example inputs are "
+                      f"{len(inputs)} (+{len(params)} lifted parameters)")
+    candidates = [_concrete(x) for x in candidates]
+    for i, (node, real) in enumerate(zip(placeholders, candidates)):
+        why = _input_mismatch(node.meta.get("val"), real)
+        if why:
+            return None, f"verify skipped: graph input {i} ({node.name}): {why}"
+    return candidates, None
+
+
+def _concrete(x):
+    """A symbolic size among dynamic-shape example inputs is its hint: the value Dynamo read from this call's real
+    tensors (a symbolic value without one stays symbolic and is refused)."""
+    if isinstance(x, torch.SymInt) and x.node.has_hint():
+        hint = x.node.hint
+        return int(hint) if not isinstance(hint, torch.SymInt) else x
+    return x
+
+
+def _input_mismatch(val, real) -> Optional[str]:
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if isinstance(real, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return "the example input is symbolic"
+    if isinstance(val, torch.Tensor):
+        if not isinstance(real, torch.Tensor):
+            return f"expected a tensor, the example input is {type(real).__name__}"
+        if isinstance(real, FakeTensor) or is_traceable_wrapper_subclass(real) or real.device.type == "meta":
+            return f"the example input is not a plain tensor ({type(real).__name__} on {real.device})"
+        if (real.dtype, real.device.type, real.dim()) != (val.dtype, val.device.type, val.dim()):
+            return (f"expected {val.dtype} rank {val.dim()} on {val.device.type}, the example input is "
+                    f"{real.dtype} rank {real.dim()} on {real.device.type}")
+        if any(isinstance(d, int) and d != r for d, r in zip(val.shape, real.shape)):
+            return f"expected shape {tuple(val.shape)}, the example input has {tuple(real.shape)}"
+        return None
+    if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return None if isinstance(real, (int, float, bool)) else f"expected a number, got {type(real).__name__}"
+    if isinstance(val, (int, float, bool)):
+        return None if real == val else f"expected {val!r}, the example input is {real!r}"
+    return f"no example value of a supported kind in the graph ({type(val).__name__})"
+
+
+def _only(opts, families):
+    """A copy of ``opts`` with exactly ``families`` switched on (their other options unchanged)."""
+    new = copy.deepcopy(opts)
+    for family, switch in _FAMILY_SWITCH.items():
+        setattr(new, switch, family in families)
+    return new
+
+
+def _site(node: torch.fx.Node) -> str:
+    """``file:line`` of the innermost user frame in the node's stack trace. The matcher gives the node that replaces
+    a match's root the root's stack trace; the other nodes of a replacement have none."""
+    frames = re.findall(r'File "([^"]+)", line (\d+)', node.meta.get("stack_trace") or "")
+    return f"{frames[-1][0]}:{frames[-1][1]}" if frames else "<no source line>"
+
+
+def _clone_inputs(inputs, keep: set) -> list:
+    """Copies of the inputs with their exact layout (the storage is cloned and viewed the same way, so views,
+    offsets, expanded strides and inputs that share a storage stay as they were); ``keep`` (positions) are
+    passed as they are (parameters the graph never writes: no need to copy a model's weights)."""
+    storages, out = {}, []
+    for i, x in enumerate(inputs):
+        if i in keep or not isinstance(x, torch.Tensor):
+            out.append(x)
+            continue
+        storage = x.untyped_storage()
+        key = (storage.data_ptr(), x.device)
+        if key not in storages:
+            storages[key] = storage.clone()
+        y = torch.empty((), dtype=x.dtype, device=x.device)
+        y.set_(storages[key], x.storage_offset(), x.size(), x.stride())
+        out.append(y)
+    return out
+
+
+def _written_placeholders(graph: torch.fx.Graph) -> set:
+    """Positions of the placeholders an op of the graph writes to (functionalized graphs: input mutations as
+    ``copy_`` into the input)."""
+    position = {node: i for i, node in enumerate(graph.find_nodes(op="placeholder"))}
+    written = set()
+    for node in graph.nodes:
+        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+        if schema is None:
+            continue
+        for j, arg in enumerate(schema.arguments):
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            value = node.args[j] if j < len(node.args) else node.kwargs.get(arg.name)
+            torch.fx.node.map_arg(value, lambda n: written.add(position[n]) if n in position else None)
+    return written
+
+
+def _mismatch(ref, out) -> Optional[str]:
+    """None when ``out`` matches ``ref``; otherwise where and by how much it differs. Floating outputs: elementwise
+    ``|out - ref| <= atol + rtol * (|ref| + max|ref|)`` with the dtype's rtol. The fused ops round once where the
+    unfused graph rounds several times, so their error is rounding-sized relative to the magnitudes the values
+    reach, not to each element (near a cancellation an element's own relative error is unbounded); a wrong
+    replacement (another formula, scale, axis) is off by a fraction of those magnitudes. NaN in both, or the
+    same infinity, is equal. Other outputs must be equal."""
+    from torch.utils._pytree import tree_leaves
+
+    refs, outs = tree_leaves(ref), tree_leaves(out)
+    if len(refs) != len(outs):
+        return f"{len(outs)} outputs instead of {len(refs)}"
+    for i, (r, o) in enumerate(zip(refs, outs)):
+        if not isinstance(r, torch.Tensor):
+            if r != o:
+                return f"output {i}: {o!r} instead of {r!r}"
+            continue
+        if not isinstance(o, torch.Tensor) or (o.dtype, o.shape) != (r.dtype, r.shape):
+            what = f"{o.dtype} {tuple(o.shape)}" if isinstance(o, torch.Tensor) else type(o).__name__
+            return f"output {i}: {what} instead of {r.dtype} {tuple(r.shape)}"
+        if not (r.is_floating_point() or r.is_complex()):
+            if not torch.equal(r, o):
+                return f"output {i}: {r.dtype} values differ"
+            continue
+        wide = torch.complex128 if r.is_complex() else torch.float64
+        r64, o64 = r.detach().to(wide), o.detach().to(wide)
+        finite = r64[torch.isfinite(r64)].abs()
+        scale = finite.max().item() if finite.numel() else 0.0
+        rtol = _VERIFY_RTOL.get(r.dtype, 1e-4)
+        diff = (o64 - r64).abs()
+        ok = (diff <= _VERIFY_ATOL + rtol * (r64.abs() + scale)) | (o64 == r64) | (torch.isnan(o64) & torch.isnan(r64))
+        if not bool(ok.all()):
+            bad = (~ok).nonzero()[0].tolist()
+            return (f"output {i} ({r.dtype}): {int((~ok).sum())} of {r.numel()} values off, e.g. at {bad}: "
+                    f"{o64[tuple(bad)].item():.6g} instead of {r64[tuple(bad)].item():.6g} (tolerance {rtol:g} of "
+                    f"|value| + max|value| {scale:.3g})")
+    return None
+
+
+@contextlib.contextmanager
+def _same_random_numbers(inputs):
+    """Every run draws the same random numbers (ops tagged nondeterministic_seeded, e.g. attention with its
+    dropout_p, are common in inference graphs; fusion leaves them and their order alone), and the caller's
+    generators are left as they were: the CPU's and those of the inputs' accelerator devices."""
+    devices = {x.device for x in inputs if isinstance(x, torch.Tensor) and x.device.type != "cpu"}
+    kinds = {d.type for d in devices}
+    kind = kinds.pop() if len(kinds) == 1 else "cuda"
+    indices = sorted(d.index if d.index is not None else 0 for d in devices if d.type == kind)
+    generators = getattr(getattr(torch, kind, None), "default_generators", ())
+    with torch.random.fork_rng(devices=indices, device_type=kind):
+        torch.default_generator.manual_seed(0x5EED)
+        for i in indices:
+            if i < len(generators):
+                generators[i].manual_seed(0x5EED)
+        yield
+
+
+class _Verifier:
+    """Runs fused copies of a graph (never the graph itself) on copies of its real inputs."""
+
+    def __init__(self, graph: torch.fx.Graph, inputs, redundant: bool):
+        self.root = graph.owning_module if graph.owning_module is not None else torch.nn.Module()
+        self.pristine = copy.deepcopy(graph)
+        self.inputs = list(inputs)
+        self.redundant = redundant
+        written = _written_placeholders(graph)
+        self.keep = {i for i, x in enumerate(self.inputs) if isinstance(x, torch.nn.Parameter) and i not in written}
+
+    def run(self, opts=None):
+        """(outputs or the exception raised, counts, sites per family) of a copy fused with ``opts`` (None:
+        the unfused graph)."""
+        graph = copy.deepcopy(self.pristine)
+        gm = torch.fx.GraphModule(self.root, graph)
+        counts, sites = {name: 0 for name in FAMILIES}, {}
+        if opts is not None:
+            before = set(graph.nodes)
+            counts = fuse_graph(gm, opts, redundant=self.redundant)
+            for node in graph.nodes:
+                if node not in before and node.meta.get("stack_trace"):
+                    sites.setdefault(_site(node), None)
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        try:
+            with torch.no_grad(), unset_fake_temporarily(), _same_random_numbers(self.inputs):
+                return gm(*_clone_inputs(self.inputs, self.keep)), counts, list(sites)
+        except Exception as e:  # a replacement that breaks the graph is as wrong as one that changes its result
+            return e, counts, list(sites)
+
+
+def _note(stats, reason: str, detail: str = "") -> None:
+    log.warning("fusegraph: %s%s", reason, detail)
+    if stats is not None:
+        stats.add_fallback(reason)
+
+
+def _verified(graph: torch.fx.Graph, opts, inputs, stats, redundant: bool):
+    """(opts, redundant) to fuse the graph with: ``opts`` without the families that changed the result of a fused
+    copy of the graph on ``inputs``. The graph itself is not touched here, so it is fused once, with the families
+    that passed: never half-fused."""
+    verifier = _Verifier(graph, inputs, redundant)
+    ref, _, _ = verifier.run()
+    if isinstance(ref, Exception):
+        _note(stats, f"verify skipped: the unfused graph did not run on the example inputs ({type(ref).__name__})",
+              f": {ref}")
+        return opts, redundant
+    allowed = list(opts.enabled_families())
+    for _ in range(len(FAMILIES) + 1):
+        out, counts, _ = verifier.run(_only(opts, allowed))
+        why = _differs(ref, out)
+        if why is None:
+            return _only(opts, allowed), redundant
+        active = [f for f in allowed if counts[f]]
+        if not active:  # only the redundant-node pass ran
+            _note(stats, "verify: the redundant-node pass changed the result; fusion left off for this graph",
+                  f" ({why})")
+            return _only(opts, ()), False
+        culprits, alone_sites = {}, {}
+        for family in active:
+            alone, _, sites = verifier.run(_only(opts, (family,)))
+            alone_why = _differs(ref, alone)
+            alone_sites[family] = sites
+            if alone_why is not None:
+                culprits[family] = (alone_why, sites)
+        if not culprits:  # wrong only together: undo every family that fused something
+            culprits = {f: (f"together with {', '.join(a for a in active if a != f)}: {why}", alone_sites[f])
+                        for f in active}
+        for family, (family_why, sites) in culprits.items():
+            more = f" and {len(sites) - 10} more" if len(sites) > 10 else ""
+            _note(stats, f"verify: {family} changed the result beyond the dtype's tolerance; undone",
+                  f" for this graph ({family_why}); sites: {', '.join(sites[:10]) or 'unknown'}{more}")
+        allowed = [f for f in allowed if f not in culprits]
+    return _only(opts, ()), redundant  # not reached: each round undoes at least one family
+
+
+def _differs(ref, out) -> Optional[str]:
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    if isinstance(out, Exception):
+        return f"the fused graph raised {type(out).__name__}: {out}"
+    with torch.no_grad(), unset_fake_temporarily():  # the aten route fuses inside aot_autograd's fake mode
+        return _mismatch(ref, out)
+
+
+# ---------------------------------------------------------------------------------------------------------
 # Entry point
 
 
-def _run(name, fn, graph, glog):
+def _run(name, fn, graph, glog, observer=None):
     if glog is not None:
         glog.write(name, "before", graph)
+    if observer is not None:
+        observer(name, "before", graph)
     n = fn(graph)
     if glog is not None:
         glog.write(name, "after", graph)
+    if observer is not None:
+        observer(name, "after", graph)
     return n
 
 
 def fuse_graph(gm_or_graph, config=None, *, stats=None, graph_log: Optional[GraphLog] = None,
-               redundant: bool = True) -> dict:
+               redundant: bool = True, observer=None, verify_inputs=None) -> dict:
     """Runs the redundant-node pass and the enabled pattern families (in ``FAMILIES`` order) on the graph
     until nothing changes. ``config`` is a CompilationConfig, a FusionPatterns or None (process defaults).
-    Returns ``{family: replacements}`` for every family (0 when disabled) and adds it to ``stats.patterns``."""
+    Returns ``{family: replacements}`` for every family (0 when disabled) and adds it to ``stats.patterns``.
+    ``observer(pass_name, when, graph)``, when given, is told before and after each pass (``when`` "before" /
+    "after") and once at the end (``"fuse_graph", "done"``): ``fusegraph.explain`` reads the graph there.
+    ``verify_inputs`` (real tensors for the graph's placeholders, in order; see ``verify_inputs_for``), when
+    given: fused copies of the graph are first run against the unfused graph on them, and the families that
+    change the result are left off for this graph (logged with their sites, counted in ``stats.fallbacks``)."""
     opts = _fusion_patterns(config)
     graph = gm_or_graph.graph if isinstance(gm_or_graph, torch.fx.GraphModule) else gm_or_graph
+    if verify_inputs is not None:
+        try:
+            opts, redundant = _verified(graph, opts, verify_inputs, stats, redundant)
+        except Exception as e:  # a safety net must never fail the compile it guards
+            _note(stats, f"verify skipped: verification failed ({type(e).__name__})", f": {e}")
     counts = {name: 0 for name in FAMILIES}
     families = [(f, pattern_pass(f, opts)) for f in opts.enabled_families()]
     for _ in range(_MAX_ROUNDS):
         changed = 0
         if redundant:
-            changed += _run("redundant", remove_redundant_nodes, graph, graph_log)
+            changed += _run("redundant", remove_redundant_nodes, graph, graph_log, observer)
         replaced = 0
         for family, pm in families:
-            n = _run(family, pm.apply, graph, graph_log)
+            n = _run(family, pm.apply, graph, graph_log, observer)
             counts[family] += n
             replaced += n
         if not replaced:
@@ -220,6 +505,8 @@ def fuse_graph(gm_or_graph, config=None, *, stats=None, graph_log: Optional[Grap
         log.warning("fusegraph: fusion did not reach a fixpoint in %d rounds", _MAX_ROUNDS)
     graph.eliminate_dead_code()
     graph.lint()
+    if observer is not None:
+        observer("fuse_graph", "done", graph)
     if isinstance(gm_or_graph, torch.fx.GraphModule):
         gm_or_graph.recompile()
     if stats is not None:
