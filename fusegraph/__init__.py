@@ -6,10 +6,12 @@ from . import _C  # noqa: F401  (registers torch.ops.fusegraph.*)
 from . import graph, ops
 from .backend import Backend, fusegraph_backend
 from .config import CompilationConfig, FusionPatterns
+from .explain import ExplainReport, explain
 from .stats import Stats
 
 __version__ = "0.1.0"
-__all__ = ["ops", "graph", "Backend", "CompilationConfig", "FusionPatterns", "Stats", "__version__"]
+__all__ = ["ops", "graph", "Backend", "CompilationConfig", "FusionPatterns", "Stats", "explain", "ExplainReport",
+           "__version__"]
 
 
 def _register_backend_by_name() -> None:

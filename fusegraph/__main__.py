@@ -1,4 +1,5 @@
-"""Command line: ``python -m fusegraph demo`` and ``python -m fusegraph bench <subject> [options]``.
+"""Command line: ``python -m fusegraph demo``, ``python -m fusegraph bench <subject> [options]`` and
+``python -m fusegraph explain --model <diffusers class> [--json FILE] [--dtype fp32|bf16]`` (fusegraph.explain).
 
 Each bench subject is a module ``fusegraph.bench.<subject>`` with ``main(argv) -> int``; the demo is
 ``fusegraph.bench.demo``. Adding a subject needs no change here.
@@ -17,12 +18,15 @@ def _subjects():
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    usage = f"usage: python -m fusegraph demo | bench {{{','.join(_subjects())}}} [options]"
+    usage = (f"usage: python -m fusegraph demo | bench {{{','.join(_subjects())}}} [options] | "
+             f"explain --model <diffusers class> [--json FILE] [--dtype fp32|bf16]")
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
         return 0 if argv else 2
     if argv[0] == "demo":
         return importlib.import_module("fusegraph.bench.demo").main(argv[1:])
+    if argv[0] == "explain":
+        return importlib.import_module("fusegraph.explain").main(argv[1:])
     if argv[0] == "bench" and len(argv) >= 2 and argv[1] in _subjects():
         return importlib.import_module(f"fusegraph.bench.{argv[1]}").main(argv[2:])
     print(usage, file=sys.stderr)
