@@ -8,7 +8,7 @@ BUILD_DIR ?= build
 JOBS ?= 2
 DEPS_STAMP := $(VENV)/.fusegraph-deps
 
-.PHONY: all demo test build venv system-deps cpp-test pytest bench device-wheels clean
+.PHONY: all demo test test-zoo build venv system-deps cpp-test pytest bench device-wheels clean
 
 all: build
 
@@ -46,6 +46,10 @@ pytest: build
 
 test: cpp-test
 	$(PY) -m pytest tests
+
+# The full model zoo (tests/zoo): every diffusers transformer class on every route; `make test` runs its fast tier.
+test-zoo: build
+	FUSEGRAPH_ZOO=full $(PY) -m pytest tests/zoo
 
 demo: build
 	$(PY) -m fusegraph demo

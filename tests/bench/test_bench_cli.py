@@ -124,3 +124,25 @@ def test_demo_quick_prints_errors_and_timings(tmp_path, capsys):
         if variant in flux:
             assert {k: flux[variant]["patterns"][k] for k in expected} == expected, flux[variant]
             assert flux[variant]["max_abs_diff"] < 1e-4 and flux[variant]["median_s"] > 0
+
+
+def test_bench_zoo_prints_counts_and_times(tmp_path, capsys):
+    import json
+
+    from fusegraph.bench import zoo as bench_zoo
+
+    path = tmp_path / "zoo.json"
+    assert bench_zoo.main(["--models", "FluxTransformer2DModel", "--reps", "1", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "FluxT.2DModel" in out and "fg vs ind" in out
+    row = json.loads(path.read_text())["rows"][0]
+    # tiny Flux (2 double + 2 single blocks): every site fused, present = fused (nothing left unfused)
+    assert all(c["unfused"] == 0 and c["fused"] > 0 for c in row["counts"].values()), row["counts"]
+    assert row["fusegraph_max_abs_diff"] < 1e-4 and row["eager_s"] > 0 and row["fusegraph_s"] > 0
+
+
+def test_bench_zoo_rejects_unknown_models(capsys):
+    from fusegraph.bench import zoo as bench_zoo
+
+    assert bench_zoo.main(["--models", "NoSuchModel"]) == 2
+    assert "NoSuchModel" in capsys.readouterr().err

@@ -1,0 +1,472 @@
+"""The model zoo: a tiny, randomly initialised instance of every diffusers transformer class that builds and runs
+on CPU without downloads, with seeded random forward inputs. The zoo tests (tests/zoo), ``python -m fusegraph
+explain --model <ClassName>`` and the zoo benchmark use it.
+
+``ZOO[name]()`` / ``build(name, dtype=torch.float32, seed=0)`` -> ``(model, kwargs)``: the model in eval mode,
+seeded random weights, and forward kwargs with seeded random inputs; ``inputs(name, dtype, seed)`` gives fresh
+inputs of the same shapes (a second call of a compiled model). Configs are of the kind diffusers' own model tests
+use (1-2 layers of each block type, hidden 16-64, a few dozen tokens); each runs eagerly on CPU well under a
+second.
+
+Weights: after construction every norm weight/bias (LayerNorm, RMSNorm, GroupNorm, any parameter named *norm*)
+and every parameter left constant by the model's init (zero-initialised adaLN / gate / output projections,
+ones-initialised scales) is redrawn from a seeded generator, so that no fusion site hides behind identity weights
+(``x * (1 + 0)`` or a zero gate would make a wrongly fused AdaLN or gated residual look right).
+
+Classes of ``diffusers.models.transformers`` (diffusers 0.42.1) not in the zoo, and why: ``NOT_INCLUDED`` below.
+In short: building blocks or non-DiT models (UNet-internal Transformer2DModel / TransformerTemporalModel /
+DualTransformer2DModel, PriorTransformer, T5FilmDecoder, an RVQ depth decoder, a protein model), and a set of
+newer DiT classes not yet given a tiny config (not a known CPU limitation: each still needs a config and inputs
+written and checked, as the 35 here were).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import torch
+
+# name -> (diffusers class name, init kwargs, inputs(generator, batch) -> kwargs, batch size)
+_SPECS: dict[str, tuple] = {}
+
+_NOT_DIT = "not a diffusion-transformer backbone of the kind fusegraph targets"
+_TODO = "not yet given a tiny config (builds without downloads as far as known; to add)"
+NOT_INCLUDED: dict[str, str] = {
+    "Transformer2DModel": "UNet-internal building block (its DiT/PixArt uses are DiTTransformer2DModel / "
+                          "PixArtTransformer2DModel, both in the zoo)",
+    "TransformerTemporalModel": "UNet-internal temporal block; " + _NOT_DIT,
+    "DualTransformer2DModel": "wrapper of two Transformer2DModel (Versatile Diffusion UNet); " + _NOT_DIT,
+    "PriorTransformer": "CLIP-embedding prior (unCLIP/Shap-E); " + _NOT_DIT,
+    "T5FilmDecoder": "spectrogram T5 decoder; " + _NOT_DIT,
+    "MiniMaxMusic3RVQDepthDecoder": "RVQ depth decoder of an audio model; " + _NOT_DIT,
+    "RFD4ProteinaTransformer": "protein-structure model; " + _NOT_DIT,
+    **{name: _TODO for name in (
+        "AceStepTransformer1DModel", "AnyFlowTransformer3DModel", "AnyFlowFARTransformer3DModel",
+        "BriaTransformer2DModel", "BriaFiboTransformer2DModel", "BriaFibo2Transformer2DModel", "Cosmos3OmniTransformer",
+        "DreamLiteTransformer2DModel", "ErnieImageTransformer2DModel", "Flux3Transformer2DModel",
+        "GlmImageTransformer2DModel", "HeliosTransformer3DModel", "Ideogram4Transformer2DModel",
+        "JoyImageEditTransformer3DModel", "JoyImageEditPlusTransformer3DModel", "Kandinsky5Transformer3DModel",
+        "Kandinsky6Transformer3DModel", "Kandinsky6SRTransformer3DModel", "Krea2Transformer2DModel",
+        "LongCatAudioDiTTransformer", "LongCatImageTransformer2DModel", "MiniMaxH3Transformer3DModel",
+        "MiniMaxMusic3Transformer1DModel", "MotifVideoTransformer3DModel", "NucleusMoEImageTransformer2DModel",
+        "OvisImageTransformer2DModel", "PRXTransformer2DModel", "QwenImage21Transformer2DModel",
+        "SanaVideoTransformer3DModel", "SanaWMTransformer3DModel", "SanaWMLTX2RefinerTransformer3DModel",
+        "StableAudio3DiTModel", "WanAnimateTransformer3DModel", "WanAnimate2Transformer3DModel")},
+}
+
+
+def _spec(name: str, cls: str | None = None, batch: int = 2, **init):
+    """Registers a zoo entry: the decorated function makes the forward kwargs from a generator and a batch size."""
+    def register(fn):
+        _SPECS[name] = (cls or name, init, fn, batch)
+        return fn
+    return register
+
+
+def _r(g: torch.Generator, *shape, scale: float = 1.0) -> torch.Tensor:
+    return torch.randn(*shape, generator=g) * scale
+
+
+def _t(g: torch.Generator, b: int, high: float = 1000.0) -> torch.Tensor:
+    """Random timesteps in (0, high), not integers: an integral timestep would not exercise the embedding."""
+    return torch.rand(b, generator=g) * high
+
+
+def _grid_ids(h: int, w: int, t: int = 1, offset: float = 0.0) -> torch.Tensor:
+    """Flux-style [h*w, 3] position ids (t, row, col)."""
+    ids = torch.zeros(h, w, 3)
+    ids[..., 0] = offset
+    ids[..., 1] = torch.arange(h)[:, None]
+    ids[..., 2] = torch.arange(w)[None, :]
+    return ids.reshape(h * w, 3)
+
+
+# --- Flux family ------------------------------------------------------------------------------------------
+
+
+@_spec("FluxTransformer2DModel", patch_size=1, in_channels=4, num_layers=2, num_single_layers=2,
+       attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32,
+       axes_dims_rope=(4, 4, 8))
+def _flux(g, b):
+    return dict(hidden_states=_r(g, b, 16, 4), encoder_hidden_states=_r(g, b, 8, 32), pooled_projections=_r(g, b, 32),
+                timestep=torch.rand(b, generator=g), img_ids=_grid_ids(4, 4), txt_ids=torch.zeros(8, 3))
+
+
+@_spec("Flux2Transformer2DModel", patch_size=1, in_channels=4, num_layers=1, num_single_layers=1,
+       attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32, timestep_guidance_channels=256,
+       axes_dims_rope=(4, 4, 4, 4))
+def _flux2(g, b, h=4, w=4, t=8):
+    img_ids = torch.cartesian_prod(torch.arange(1), torch.arange(h), torch.arange(w), torch.arange(1))
+    txt_ids = torch.cartesian_prod(torch.arange(1), torch.arange(1), torch.arange(1), torch.arange(t))
+    return dict(hidden_states=_r(g, b, h * w, 4), encoder_hidden_states=_r(g, b, t, 32),
+                img_ids=img_ids[None].expand(b, -1, -1), txt_ids=txt_ids[None].expand(b, -1, -1),
+                timestep=torch.rand(b, generator=g), guidance=torch.rand(b, generator=g) * 4)
+
+
+@_spec("ChromaTransformer2DModel", patch_size=1, in_channels=4, num_layers=1, num_single_layers=1,
+       attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=(4, 4, 8),
+       approximator_num_channels=8, approximator_hidden_dim=16, approximator_layers=1)
+def _chroma(g, b):
+    return dict(hidden_states=_r(g, b, 16, 4), encoder_hidden_states=_r(g, b, 8, 32), img_ids=_grid_ids(4, 4),
+                txt_ids=torch.zeros(8, 3), timestep=torch.rand(b, generator=g))
+
+
+@_spec("SD3Transformer2DModel", sample_size=8, patch_size=1, in_channels=4, num_layers=2, attention_head_dim=8,
+       num_attention_heads=4, caption_projection_dim=32, joint_attention_dim=32, pooled_projection_dim=64,
+       out_channels=4, qk_norm="rms_norm", dual_attention_layers=(0,))
+def _sd3(g, b):
+    return dict(hidden_states=_r(g, b, 4, 8, 8), encoder_hidden_states=_r(g, b, 7, 32),
+                pooled_projections=_r(g, b, 64), timestep=_t(g, b))
+
+
+@_spec("AuraFlowTransformer2DModel", sample_size=8, patch_size=2, in_channels=4, num_mmdit_layers=1,
+       num_single_dit_layers=1, attention_head_dim=8, num_attention_heads=4, caption_projection_dim=32,
+       joint_attention_dim=32, out_channels=4, pos_embed_max_size=64)
+def _auraflow(g, b):
+    return dict(hidden_states=_r(g, b, 4, 8, 8), encoder_hidden_states=_r(g, b, 16, 32), timestep=_t(g, b))
+
+
+@_spec("QwenImageTransformer2DModel", patch_size=2, in_channels=16, out_channels=4, num_layers=2,
+       attention_head_dim=16, num_attention_heads=4, joint_attention_dim=16, guidance_embeds=False,
+       axes_dims_rope=(8, 4, 4))
+def _qwenimage(g, b):
+    return dict(hidden_states=_r(g, b, 16, 16), encoder_hidden_states=_r(g, b, 8, 16),
+                encoder_hidden_states_mask=torch.ones(b, 8, dtype=torch.long), timestep=torch.rand(b, generator=g),
+                img_shapes=[(1, 4, 4)] * b)
+
+
+@_spec("HiDreamImageTransformer2DModel", patch_size=2, in_channels=4, out_channels=4, num_layers=1,
+       num_single_layers=1, attention_head_dim=8, num_attention_heads=4, caption_channels=(8, 4), text_emb_dim=8,
+       num_routed_experts=2, num_activated_experts=2, axes_dims_rope=(4, 2, 2), max_resolution=(16, 16),
+       llama_layers=(0, 1), force_inference_output=True)
+def _hidream(g, b):
+    return dict(hidden_states=_r(g, b, 4, 16, 16), encoder_hidden_states_t5=_r(g, b, 8, 8),
+                encoder_hidden_states_llama3=_r(g, 2, b, 8, 4), pooled_embeds=_r(g, b, 8), timesteps=_t(g, b))
+
+
+# --- Wan family -------------------------------------------------------------------------------------------
+
+_WAN = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
+            text_dim=16, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True,
+            qk_norm="rms_norm_across_heads", rope_max_seq_len=32)
+
+
+def _wan_inputs(g, b):
+    return dict(hidden_states=_r(g, b, 4, 2, 8, 8), encoder_hidden_states=_r(g, b, 12, 16), timestep=_t(g, b))
+
+
+_spec("WanTransformer3DModel", **_WAN)(_wan_inputs)
+_spec("SkyReelsV2Transformer3DModel", **_WAN)(_wan_inputs)
+_spec("ChronoEditTransformer3DModel", **_WAN)(_wan_inputs)
+
+
+@_spec("WanVACETransformer3DModel", **dict(_WAN, vace_layers=[0], vace_in_channels=12))
+def _wan_vace(g, b):
+    return dict(_wan_inputs(g, b), control_hidden_states=_r(g, b, 12, 2, 8, 8))
+
+
+# --- Hunyuan family ---------------------------------------------------------------------------------------
+
+_HUNYUAN_VIDEO = dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=1,
+                      num_single_layers=1, num_refiner_layers=1, patch_size=1, patch_size_t=1, guidance_embeds=True,
+                      text_embed_dim=16, pooled_projection_dim=8, rope_axes_dim=(2, 4, 4), image_condition_type=None)
+
+
+@_spec("HunyuanVideoTransformer3DModel", **_HUNYUAN_VIDEO)
+def _hunyuan_video(g, b):
+    return dict(hidden_states=_r(g, b, 4, 1, 8, 8), timestep=_t(g, b), encoder_hidden_states=_r(g, b, 12, 16),
+                pooled_projections=_r(g, b, 8), encoder_attention_mask=torch.ones(b, 12), guidance=_t(g, b))
+
+
+@_spec("HunyuanVideoFramepackTransformer3DModel", **dict(_HUNYUAN_VIDEO, patch_size=2, has_image_proj=True,
+                                                          image_proj_dim=16, has_clean_x_embedder=True))
+def _framepack(g, b, f=3, h=4, w=4):
+    return dict(hidden_states=_r(g, b, 4, f, h, w), timestep=_t(g, b), encoder_hidden_states=_r(g, b, 12, 16),
+                pooled_projections=_r(g, b, 8), encoder_attention_mask=torch.ones(b, 12), guidance=_t(g, b),
+                image_embeds=_r(g, b, 12, 16), indices_latents=torch.arange(f),
+                latents_clean=_r(g, b, 4, f - 1, h, w), indices_latents_clean=torch.arange(f - 1),
+                latents_history_2x=_r(g, b, 4, f - 1, h, w), indices_latents_history_2x=torch.arange(f - 1),
+                latents_history_4x=_r(g, b, 4, (f - 1) * 4, h, w),
+                indices_latents_history_4x=torch.arange((f - 1) * 4))
+
+
+@_spec("HunyuanVideo15Transformer3DModel", batch=1, in_channels=4, out_channels=4, num_attention_heads=2,
+       attention_head_dim=8, num_layers=2, num_refiner_layers=1, mlp_ratio=2.0, patch_size=1, patch_size_t=1,
+       text_embed_dim=16, text_embed_2_dim=8, image_embed_dim=12, rope_axes_dim=(2, 2, 4), target_size=16,
+       task_type="t2v")
+def _hunyuan_video15(g, b):
+    return dict(hidden_states=_r(g, b, 4, 1, 8, 8), timestep=_t(g, b), encoder_hidden_states=_r(g, b, 6, 16),
+                encoder_hidden_states_2=_r(g, b, 4, 8), encoder_attention_mask=torch.ones(b, 6),
+                encoder_attention_mask_2=torch.ones(b, 4), image_embeds=torch.zeros(b, 3, 12))
+
+
+@_spec("HunyuanImageTransformer2DModel", in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8,
+       num_layers=1, num_single_layers=1, num_refiner_layers=1, patch_size=(1, 1), text_embed_dim=16,
+       rope_axes_dim=(4, 4))
+def _hunyuan_image(g, b):
+    return dict(hidden_states=_r(g, b, 4, 8, 8), timestep=_t(g, b), encoder_hidden_states=_r(g, b, 8, 16),
+                encoder_attention_mask=torch.ones(b, 8))
+
+
+@_spec("HunyuanDiT2DModel", sample_size=8, patch_size=2, in_channels=4, num_layers=1, attention_head_dim=8,
+       num_attention_heads=2, cross_attention_dim=8, cross_attention_dim_t5=8, pooled_projection_dim=4,
+       hidden_size=16, text_len=4, text_len_t5=4, activation_fn="gelu-approximate")
+def _hunyuan_dit(g, b):
+    from diffusers.models.embeddings import get_2d_rotary_pos_embed
+
+    cos, sin = get_2d_rotary_pos_embed(8, ((0, 0), (4, 4)), (4, 4))
+    return dict(hidden_states=_r(g, b, 4, 8, 8), encoder_hidden_states=_r(g, b, 4, 8),
+                text_embedding_mask=torch.ones(b, 4), encoder_hidden_states_t5=_r(g, b, 4, 8),
+                text_embedding_mask_t5=torch.ones(b, 4), timestep=_t(g, b),
+                image_meta_size=torch.tensor([[1024.0, 1024, 16, 16, 0, 0]] * b), style=torch.zeros(b, dtype=torch.long),
+                image_rotary_emb=[cos.float(), sin.float()])
+
+
+# --- Lumina, Z-Image, OmniGen -----------------------------------------------------------------------------
+
+
+@_spec("Lumina2Transformer2DModel", sample_size=8, patch_size=2, in_channels=4, hidden_size=24, num_layers=2,
+       num_refiner_layers=1, num_attention_heads=3, num_kv_heads=1, multiple_of=2, ffn_dim_multiplier=None,
+       norm_eps=1e-5, scaling_factor=1.0, axes_dim_rope=(4, 2, 2), axes_lens=(128, 128, 128), cap_feat_dim=32)
+def _lumina2(g, b):
+    return dict(hidden_states=_r(g, b, 4, 8, 8), encoder_hidden_states=_r(g, b, 8, 32),
+                timestep=torch.rand(b, generator=g), encoder_attention_mask=torch.ones(b, 8, dtype=torch.bool))
+
+
+@_spec("LuminaNextDiT2DModel", sample_size=8, patch_size=2, in_channels=4, hidden_size=24, num_layers=2,
+       num_attention_heads=3, num_kv_heads=1, multiple_of=16, ffn_dim_multiplier=None, norm_eps=1e-5,
+       learn_sigma=False, qk_norm=True, cross_attention_dim=32, scaling_factor=1.0)
+def _lumina_next(g, b):
+    from diffusers.models.embeddings import get_2d_rotary_pos_embed_lumina
+
+    return dict(hidden_states=_r(g, b, 4, 8, 8), encoder_hidden_states=_r(g, b, 8, 32),
+                timestep=torch.rand(b, generator=g), encoder_mask=torch.ones(b, 8),
+                image_rotary_emb=get_2d_rotary_pos_embed_lumina(8, 16, 16), cross_attention_kwargs={})
+
+
+@_spec("ZImageTransformer2DModel", batch=1, all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=32,
+       n_layers=1, n_refiner_layers=1, n_heads=2, n_kv_heads=2, qk_norm=True, cap_feat_dim=16, rope_theta=256.0,
+       t_scale=1000.0, axes_dims=[8, 4, 4], axes_lens=[256, 32, 32])
+def _z_image(g, b):
+    return dict(x=[_r(g, 16, 1, 8, 8) for _ in range(b)], cap_feats=[_r(g, 16, 16) for _ in range(b)],
+                t=torch.rand(b, generator=g))
+
+
+@_spec("OmniGenTransformer2DModel", hidden_size=16, num_attention_heads=4, num_key_value_heads=4,
+       intermediate_size=32, num_layers=2, pad_token_id=0, vocab_size=1000, in_channels=4, time_step_dim=4,
+       rope_scaling={"long_factor": [1, 2], "short_factor": [1, 2]})
+def _omnigen(g, b, h=8, w=8, s=24):
+    n = s + 1 + h * w // 4
+    return dict(hidden_states=_r(g, b, 4, h, w), timestep=torch.rand(b, generator=g),
+                input_ids=torch.randint(0, 10, (b, s), generator=g), input_img_latents=[_r(g, 1, 4, h, w)],
+                input_image_sizes={0: [[0, h * w // 4]]}, attention_mask=torch.ones(b, n, n),
+                position_ids=torch.arange(n)[None].expand(b, -1).contiguous())
+
+
+# --- LTX, Mochi, CogVideoX family, CogView ----------------------------------------------------------------
+
+
+@_spec("LTXVideoTransformer3DModel", in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8,
+       cross_attention_dim=16, num_layers=1, qk_norm="rms_norm_across_heads", caption_channels=16)
+def _ltx(g, b, f=2, h=4, w=4):
+    return dict(hidden_states=_r(g, b, f * h * w, 4), encoder_hidden_states=_r(g, b, 8, 16), timestep=_t(g, b),
+                encoder_attention_mask=torch.ones(b, 8, dtype=torch.bool), num_frames=f, height=h, width=w)
+
+
+@_spec("LTX2VideoTransformer3DModel", in_channels=4, out_channels=4, patch_size=1, patch_size_t=1,
+       num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16, audio_in_channels=4,
+       audio_out_channels=4, audio_num_attention_heads=2, audio_attention_head_dim=4, audio_cross_attention_dim=8,
+       num_layers=1, qk_norm="rms_norm_across_heads", caption_channels=16, rope_double_precision=False)
+def _ltx2(g, b, f=2, h=4, w=4, af=9):
+    return dict(hidden_states=_r(g, b, f * h * w, 4), audio_hidden_states=_r(g, b, af, 4),
+                encoder_hidden_states=_r(g, b, 8, 16), audio_encoder_hidden_states=_r(g, b, 8, 16),
+                timestep=_t(g, b), encoder_attention_mask=torch.ones(b, 8, dtype=torch.bool), num_frames=f,
+                height=h, width=w, audio_num_frames=af, fps=25.0)
+
+
+@_spec("MochiTransformer3DModel", patch_size=2, num_attention_heads=2, attention_head_dim=8, num_layers=2,
+       pooled_projection_dim=16, in_channels=4, out_channels=None, qk_norm="rms_norm", text_embed_dim=16,
+       time_embed_dim=4, activation_fn="swiglu", max_sequence_length=8)
+def _mochi(g, b):
+    return dict(hidden_states=_r(g, b, 4, 2, 8, 8), encoder_hidden_states=_r(g, b, 8, 16), timestep=_t(g, b),
+                encoder_attention_mask=torch.ones(b, 8, dtype=torch.bool))
+
+
+@_spec("CogVideoXTransformer3DModel", num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
+       time_embed_dim=2, text_embed_dim=8, num_layers=2, sample_width=8, sample_height=8, sample_frames=8,
+       patch_size=2, patch_size_t=None, temporal_compression_ratio=4, max_text_seq_length=8,
+       use_rotary_positional_embeddings=True)
+def _cogvideox(g, b):
+    from diffusers.models.embeddings import get_3d_rotary_pos_embed
+
+    cos, sin = get_3d_rotary_pos_embed(16, ((0, 0), (4, 4)), (4, 4), 1)
+    return dict(hidden_states=_r(g, b, 1, 4, 8, 8), encoder_hidden_states=_r(g, b, 8, 8), timestep=_t(g, b),
+                image_rotary_emb=(cos, sin))
+
+
+@_spec("ConsisIDTransformer3DModel", num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
+       time_embed_dim=2, text_embed_dim=8, num_layers=1, sample_width=8, sample_height=8, sample_frames=8,
+       patch_size=2, temporal_compression_ratio=4, max_text_seq_length=8, cross_attn_interval=1, is_kps=False,
+       is_train_face=True, cross_attn_dim_head=1, cross_attn_num_heads=1, LFE_id_dim=2, LFE_vit_dim=2, LFE_depth=5,
+       LFE_dim_head=8, LFE_num_heads=2, LFE_num_id_token=1, LFE_num_querie=1, LFE_output_dim=21, LFE_ff_mult=1,
+       LFE_num_scale=1, use_rotary_positional_embeddings=True)
+def _consisid(g, b):
+    from diffusers.models.embeddings import get_3d_rotary_pos_embed
+
+    cos, sin = get_3d_rotary_pos_embed(16, ((0, 0), (4, 4)), (4, 4), 1)
+    return dict(hidden_states=_r(g, b, 1, 4, 8, 8), encoder_hidden_states=_r(g, b, 8, 8), timestep=_t(g, b),
+                image_rotary_emb=(cos, sin), id_vit_hidden=[_r(g, b, 2, 2)], id_cond=_r(g, b, 2))
+
+
+def _cogview_inputs(g, b):
+    size = torch.tensor([[64, 64]] * b)
+    return dict(hidden_states=_r(g, b, 4, 8, 8), encoder_hidden_states=_r(g, b, 8, 8), timestep=_t(g, b),
+                original_size=size, target_size=size.clone(), crop_coords=torch.zeros(b, 2, dtype=torch.long))
+
+
+_spec("CogView3PlusTransformer2DModel", patch_size=2, in_channels=4, num_layers=2, attention_head_dim=4,
+      num_attention_heads=2, out_channels=4, text_embed_dim=8, time_embed_dim=8, condition_dim=2,
+      pos_embed_max_size=8, sample_size=8)(_cogview_inputs)
+_spec("CogView4Transformer2DModel", patch_size=2, in_channels=4, num_layers=2, attention_head_dim=4,
+      num_attention_heads=4, out_channels=4, text_embed_dim=8, time_embed_dim=8, condition_dim=4)(_cogview_inputs)
+
+
+# --- PixArt / DiT / Sana / Latte / Allegro / Cosmos / EasyAnimate / StableAudio ----------------------------
+
+
+@_spec("PixArtTransformer2DModel", sample_size=8, num_layers=1, patch_size=2, attention_head_dim=8,
+       num_attention_heads=2, in_channels=4, cross_attention_dim=16, out_channels=8, attention_bias=True,
+       activation_fn="gelu-approximate", num_embeds_ada_norm=8, norm_type="ada_norm_single",
+       norm_elementwise_affine=False, norm_eps=1e-6, use_additional_conditions=False, caption_channels=None)
+def _pixart(g, b):
+    return dict(hidden_states=_r(g, b, 4, 8, 8), timestep=_t(g, b), encoder_hidden_states=_r(g, b, 8, 16),
+                added_cond_kwargs={"aspect_ratio": None, "resolution": None})
+
+
+@_spec("DiTTransformer2DModel", in_channels=4, out_channels=8, activation_fn="gelu-approximate",
+       num_attention_heads=2, attention_head_dim=8, attention_bias=True, num_layers=1, norm_type="ada_norm_zero",
+       num_embeds_ada_norm=8, patch_size=2, sample_size=8)
+def _dit(g, b):
+    return dict(hidden_states=_r(g, b, 4, 8, 8), timestep=_t(g, b),
+                class_labels=torch.randint(0, 4, (b,), generator=g))
+
+
+@_spec("SanaTransformer2DModel", patch_size=1, in_channels=4, out_channels=4, num_layers=1, attention_head_dim=8,
+       num_attention_heads=2, num_cross_attention_heads=2, cross_attention_head_dim=8, cross_attention_dim=16,
+       caption_channels=8, sample_size=8)
+def _sana(g, b):
+    return dict(hidden_states=_r(g, b, 4, 8, 8), encoder_hidden_states=_r(g, b, 8, 8), timestep=_t(g, b))
+
+
+@_spec("LatteTransformer3DModel", sample_size=8, num_layers=1, patch_size=2, attention_head_dim=8,
+       num_attention_heads=2, caption_channels=8, in_channels=4, cross_attention_dim=16, out_channels=8,
+       attention_bias=True, activation_fn="gelu-approximate", num_embeds_ada_norm=1000, norm_type="ada_norm_single",
+       norm_elementwise_affine=False, norm_eps=1e-6, video_length=2)
+def _latte(g, b):
+    return dict(hidden_states=_r(g, b, 4, 2, 8, 8), encoder_hidden_states=_r(g, b, 8, 8), timestep=_t(g, b),
+                enable_temporal_attentions=True)
+
+
+@_spec("AllegroTransformer3DModel", num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4,
+       num_layers=1, cross_attention_dim=16, sample_width=8, sample_height=8, sample_frames=8, caption_channels=8)
+def _allegro(g, b):
+    return dict(hidden_states=_r(g, b, 4, 2, 8, 8), encoder_hidden_states=_r(g, b, 8, 8), timestep=_t(g, b))
+
+
+@_spec("CosmosTransformer3DModel", in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=12,
+       num_layers=2, mlp_ratio=2, text_embed_dim=16, adaln_lora_dim=4, max_size=(4, 32, 32), patch_size=(1, 2, 2),
+       rope_scale=(2.0, 1.0, 1.0), concat_padding_mask=False, extra_pos_embed_type="learnable")
+def _cosmos(g, b):
+    return dict(hidden_states=_r(g, b, 4, 1, 8, 8), timestep=_t(g, b), encoder_hidden_states=_r(g, b, 8, 16),
+                attention_mask=torch.ones(b, 8), fps=30)
+
+
+@_spec("EasyAnimateTransformer3DModel", attention_head_dim=16, num_attention_heads=2, in_channels=4,
+       mmdit_layers=2, num_layers=2, out_channels=4, patch_size=2, sample_height=60, sample_width=90,
+       text_embed_dim=16, time_embed_dim=8, time_position_encoding_type="3d_rope", timestep_activation_fn="silu")
+def _easyanimate(g, b):
+    return dict(hidden_states=_r(g, b, 4, 2, 8, 8), timestep=_t(g, b), encoder_hidden_states=_r(g, b, 8, 16))
+
+
+@_spec("StableAudioDiTModel", sample_size=16, in_channels=4, num_layers=2, attention_head_dim=8,
+       num_attention_heads=2, num_key_value_attention_heads=1, out_channels=4, cross_attention_dim=16,
+       time_proj_dim=16, global_states_input_dim=16, cross_attention_input_dim=16)
+def _stable_audio(g, b, n=16):
+    from diffusers.models.embeddings import get_1d_rotary_pos_embed
+
+    rotary = get_1d_rotary_pos_embed(4, n + 1, use_real=True, repeat_interleave_real=False)
+    return dict(hidden_states=_r(g, b, 4, n), timestep=_t(g, b), encoder_hidden_states=_r(g, b, 8, 16),
+                global_hidden_states=_r(g, b, 1, 16), rotary_embedding=rotary)
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+
+def names() -> list[str]:
+    """The zoo's diffusers class names, sorted."""
+    return sorted(_SPECS)
+
+
+def _cast(x, dtype):
+    """Floating tensors (in nested lists/tuples/dicts) to ``dtype``; ints, bools, complex and Python values stay."""
+    if isinstance(x, torch.Tensor):
+        return x.to(dtype) if x.is_floating_point() else x
+    if isinstance(x, (list, tuple)):
+        return type(x)(_cast(v, dtype) for v in x)
+    if isinstance(x, dict):
+        return {k: _cast(v, dtype) for k, v in x.items()}
+    return x
+
+
+def inputs(name: str, dtype: torch.dtype = torch.float32, seed: int = 0) -> dict:
+    """Forward kwargs of zoo model ``name``: seeded random tensors (the same shapes for every seed)."""
+    _, _, make, batch = _SPECS[name]
+    g = torch.Generator().manual_seed(10_000 + seed)
+    return _cast(make(g, batch), dtype)
+
+
+def _is_norm(module: torch.nn.Module) -> bool:
+    return isinstance(module, (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.RMSNorm)) or \
+        "norm" in type(module).__name__.lower()
+
+
+@torch.no_grad()
+def randomize_weights(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Redraws, from a generator seeded with ``seed``, every parameter of a norm (or named *norm*) and every
+    parameter the model's init left constant (zero-initialised adaLN / gate / output projections, ones-filled
+    scales): weights around 1 (norm weights) or at the scale of a default Linear init, biases small."""
+    g = torch.Generator().manual_seed(20_000 + seed)
+    norm_params = {id(p) for m in model.modules() if _is_norm(m) for p in m.parameters(recurse=False)}
+    for name, p in model.named_parameters():
+        if not p.is_floating_point() or p.numel() == 0:
+            continue
+        constant = bool((p == p.reshape(-1)[0]).all())
+        is_norm = id(p) in norm_params or "norm" in name.lower()
+        if not (is_norm or constant):
+            continue
+        noise = torch.randn(p.shape, generator=g, dtype=torch.float32)
+        if is_norm and name.endswith("weight") or (constant and bool((p == 1).all())):
+            value = 1.0 + 0.25 * noise
+        elif name.endswith("bias") or p.dim() <= 1:
+            value = 0.1 * noise
+        else:
+            fan_in = p.shape[-1] if p.dim() >= 2 else 1
+            value = noise / max(fan_in, 1) ** 0.5
+        p.copy_(value.to(p.dtype))
+    return model
+
+
+def build(name: str, dtype: torch.dtype = torch.float32, seed: int = 0) -> tuple[torch.nn.Module, dict]:
+    """(model, forward kwargs) of zoo entry ``name``: eval mode, ``dtype``, seeded random weights and inputs."""
+    import diffusers
+
+    diffusers.utils.logging.set_verbosity_error()  # "modules that should be kept in float32" on every .to()
+    cls_name, init, _, _ = _SPECS[name]
+    torch.manual_seed(seed)
+    model = getattr(diffusers, cls_name)(**init)
+    randomize_weights(model, seed)
+    model = model.eval().to(dtype)
+    return model, inputs(name, dtype, seed)
+
+
+ZOO: dict[str, Callable[[], tuple[torch.nn.Module, dict]]] = {n: functools.partial(build, n) for n in sorted(_SPECS)}

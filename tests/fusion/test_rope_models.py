@@ -1,0 +1,150 @@
+"""RoPE in real models beyond Flux / Wan (SPEC §3): tiny diffusers Lumina2, Z-Image, QwenImage (complex form),
+LTX and LTX2 (rank-3 x; LTX2 also its split form), HiDream (2x2 matrices) and HunyuanVideo 1.5 (use_real,
+sequence_dim=1), random weights, fp32, through the fusegraph Backend (inductor=False): every RoPE site fuses and
+the output matches eager.
+
+Expected counts are read off each model's source: the attention processors that apply RoPE, times the q / k
+(and, in QwenImage, text q / k) they apply it to; each is counted from the model's own modules."""
+import pytest
+import torch
+from diffusers import (HiDreamImageTransformer2DModel, HunyuanVideo15Transformer3DModel, Lumina2Transformer2DModel,
+                       LTX2VideoTransformer3DModel, LTXVideoTransformer3DModel, QwenImageTransformer2DModel,
+                       ZImageTransformer2DModel)
+from diffusers.models.transformers.transformer_hidream_image import HiDreamAttention
+from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15TransformerBlock
+from diffusers.models.transformers.transformer_lumina2 import Lumina2TransformerBlock
+from diffusers.models.transformers.transformer_ltx import LTXVideoTransformerBlock
+from diffusers.models.transformers.transformer_ltx2 import LTX2VideoTransformerBlock
+from diffusers.models.transformers.transformer_qwenimage import QwenImageTransformerBlock
+from diffusers.models.transformers.transformer_z_image import ZImageTransformerBlock
+
+from tests.fusion.pattern_checks import compile_and_run
+
+TOL = dict(rtol=1e-4, atol=1e-4)
+
+
+def count(model, cls):
+    return sum(isinstance(m, cls) for m in model.modules())
+
+
+def randomize(model):
+    """Tiny configs init norms to ones / zeros and some projections to zero (that would hide a wrong fusion):
+    every parameter gets random values."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+    return model.eval()
+
+
+def check(model, inputs, expected_rope, **cfg):
+    """Every output the model returns (LTX2's audio too: a site whose result no output reads is dead code)."""
+    def run():
+        return tuple(o for o in model(**inputs, return_dict=False) if isinstance(o, torch.Tensor))
+
+    b, out, eager = compile_and_run(run, fullgraph=False, inductor=False, **cfg)
+    assert b.stats.patterns["rope"] == expected_rope, b.stats.patterns
+    torch.testing.assert_close(out, eager, **TOL)
+
+
+@pytest.mark.parametrize("freqs_dtype", [torch.complex64, torch.complex128])
+def test_lumina2(freqs_dtype):
+    """Lumina2AttnProcessor2_0: apply_rotary_emb(use_real=False) on q and k in every block (noise and context
+    refiners, main layers). Lumina2RotaryPosEmbed builds complex128 tables everywhere but on MPS (complex64
+    there): the product then runs in float64, which the op (fp32 math) does not reproduce exactly, so those
+    sites stay unfused, like any float64 table; with complex64 tables every site fuses."""
+    model = randomize(Lumina2Transformer2DModel(
+        sample_size=8, patch_size=2, in_channels=4, hidden_size=24, num_layers=1, num_refiner_layers=1,
+        num_attention_heads=3, num_kv_heads=1, multiple_of=2, norm_eps=1e-5, axes_dim_rope=(4, 2, 2),
+        axes_lens=(64, 64, 64), cap_feat_dim=16))
+    embedder = model.rope_embedder
+    assert all(f.dtype == torch.complex128 for f in embedder.freqs_cis)
+    embedder.freqs_cis = [f.to(freqs_dtype) for f in embedder.freqs_cis]
+    B, T = 1, 6
+    inputs = dict(hidden_states=torch.randn(B, 4, 8, 8), encoder_hidden_states=torch.randn(B, T, 16),
+                  timestep=torch.rand(B), encoder_attention_mask=torch.ones(B, T, dtype=torch.bool))
+    sites = 2 * count(model, Lumina2TransformerBlock)
+    check(model, inputs, sites if freqs_dtype == torch.complex64 else 0)
+
+
+def test_z_image():
+    """ZSingleStreamAttnProcessor: its own complex apply_rotary_emb on q and k in every block (noise and
+    context refiners, main layers)."""
+    model = randomize(ZImageTransformer2DModel(
+        all_patch_size=(2,), all_f_patch_size=(1,), in_channels=4, dim=32, n_layers=1, n_refiner_layers=1,
+        n_heads=2, n_kv_heads=2, cap_feat_dim=16, axes_dims=[8, 4, 4], axes_lens=[64, 32, 32]))
+    inputs = dict(x=[torch.randn(4, 1, 8, 8)], t=torch.tensor([0.5]), cap_feats=[torch.randn(7, 16)])
+    check(model, inputs, 2 * count(model, ZImageTransformerBlock))
+
+
+def test_qwen_image():
+    """QwenDoubleStreamAttnProcessor2_0: apply_rotary_emb_qwen(use_real=False) on image q / k and text q / k."""
+    model = randomize(QwenImageTransformer2DModel(
+        patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=2,
+        joint_attention_dim=16, axes_dims_rope=(8, 4, 4)))
+    B, T, H, W = 1, 7, 4, 4
+    inputs = dict(hidden_states=torch.randn(B, H * W, 16), encoder_hidden_states=torch.randn(B, T, 16),
+                  encoder_hidden_states_mask=torch.ones(B, T), timestep=torch.tensor([0.5]),
+                  img_shapes=[(1, H, W)])
+    check(model, inputs, 4 * count(model, QwenImageTransformerBlock))
+
+
+def test_ltx():
+    """LTXVideoAttnProcessor: apply_rotary_emb on q and k of attn1 (attn2, the text cross-attention, has none)."""
+    model = randomize(LTXVideoTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16,
+        num_layers=2, caption_channels=16))
+    B, F, H, W, T = 1, 2, 4, 4, 6
+    inputs = dict(hidden_states=torch.randn(B, F * H * W, 4), encoder_hidden_states=torch.randn(B, T, 16),
+                  timestep=torch.tensor([500]), encoder_attention_mask=torch.ones(B, T),
+                  num_frames=F, height=H, width=W)
+    check(model, inputs, 2 * count(model, LTXVideoTransformerBlock))
+
+
+@pytest.mark.parametrize("rope_type", ["interleaved", "split"])
+def test_ltx2(rope_type):
+    """LTX2AudioVideoAttnProcessor, per block: q and k of the video and audio self-attentions (attn1,
+    audio_attn1) and of the audio-to-video and video-to-audio cross-attentions (8); attn2 / audio_attn2 (text)
+    have none. "split" is what the released LTX-2 checkpoints use."""
+    model = randomize(LTX2VideoTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16,
+        audio_in_channels=4, audio_out_channels=4, audio_num_attention_heads=2, audio_attention_head_dim=4,
+        audio_cross_attention_dim=8, num_layers=1, caption_channels=16, rope_double_precision=False,
+        rope_type=rope_type))
+    B, F, H, W, T, A = 1, 2, 4, 4, 6, 5
+    inputs = dict(hidden_states=torch.randn(B, F * H * W, 4), audio_hidden_states=torch.randn(B, A, 4),
+                  encoder_hidden_states=torch.randn(B, T, 16), audio_encoder_hidden_states=torch.randn(B, T, 16),
+                  timestep=torch.tensor([500.0]), encoder_attention_mask=torch.ones(B, T).bool(),
+                  num_frames=F, height=H, width=W, audio_num_frames=A, fps=25.0)
+    check(model, inputs, 8 * count(model, LTX2VideoTransformerBlock))
+
+
+def test_hidream():
+    """HiDreamAttnProcessor: apply_rope(q, k) once per attention (two sites), double and single blocks.
+    enable_freezing=False: Dynamo reuses one graph for several block instances, which freezing gets wrong
+    until the freezing fix lands."""
+    model = randomize(HiDreamImageTransformer2DModel(
+        patch_size=2, in_channels=4, out_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=8,
+        num_attention_heads=4, caption_channels=[8, 4], text_emb_dim=8, num_routed_experts=2,
+        num_activated_experts=2, axes_dims_rope=(4, 2, 2), max_resolution=(16, 16), llama_layers=(0, 1),
+        force_inference_output=True))
+    B, T = 1, 4
+    inputs = dict(hidden_states=torch.randn(B, 4, 8, 8), encoder_hidden_states_t5=torch.randn(B, T, 8),
+                  encoder_hidden_states_llama3=torch.randn(2, B, T, 4), pooled_embeds=torch.randn(B, 8),
+                  timesteps=torch.tensor([500]))
+    check(model, inputs, 2 * count(model, HiDreamAttention), enable_freezing=False)
+
+
+def test_hunyuan_video15():
+    """HunyuanVideo15AttnProcessor2_0: apply_rotary_emb(use_real=True, sequence_dim=1) on q and k of every
+    transformer block (the token refiner has none). enable_freezing=False as for HiDream."""
+    model = randomize(HunyuanVideo15Transformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=2,
+        num_refiner_layers=1, mlp_ratio=2.0, text_embed_dim=16, text_embed_2_dim=8, image_embed_dim=12,
+        rope_axes_dim=(2, 2, 4), target_size=16, task_type="t2v"))
+    B = 1
+    inputs = dict(hidden_states=torch.randn(B, 4, 1, 8, 8), timestep=torch.tensor([1.0]),
+                  encoder_hidden_states=torch.randn(B, 6, 16), encoder_hidden_states_2=torch.randn(B, 4, 8),
+                  encoder_attention_mask=torch.ones(B, 6), encoder_attention_mask_2=torch.ones(B, 4),
+                  image_embeds=torch.randn(B, 3, 12))
+    check(model, inputs, 2 * count(model, HunyuanVideo15TransformerBlock), enable_freezing=False)

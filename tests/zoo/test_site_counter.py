@@ -1,0 +1,110 @@
+"""The independent site counter against hand counts: small functions with each source form and its lookalikes,
+and zoo models whose sites were counted by hand from the diffusers 0.42.1 source (per-block lists below)."""
+import pytest
+import torch
+import torch.nn.functional as F
+from diffusers.models.embeddings import apply_rotary_emb
+
+from fusegraph import zoo
+from tests.zoo.site_counter import FAMILIES, capture, count_sites
+
+
+def sites(fn, *args):
+    graphs, _ = capture(fn, *args)
+    return count_sites(graphs)
+
+
+def only(**counts):
+    return {k: counts.get(k, 0) for k in FAMILIES}
+
+
+B, S, D = 2, 6, 16
+
+
+def test_forms_and_lookalikes():
+    x, y, res = torch.randn(B, S, D), torch.randn(B, S, D), torch.randn(B, S, D)
+    scale, shift, gate, w = torch.randn(B, D), torch.randn(B, D), torch.randn(B, D), torch.randn(D)
+    ln = lambda t: F.layer_norm(t, (D,), eps=1e-6)  # noqa: E731
+    # AdaLN: (1 + scale) then + shift; not (2 + scale), not without the shift
+    assert sites(lambda: ln(x) * (1 + scale[:, None]) + shift[:, None]) == only(adaln=1)
+    assert sites(lambda: ln(x) * (2 + scale[:, None]) + shift[:, None]) == only(mul_add=1)  # no AdaLN: a*b+c
+    assert sites(lambda: ln(x) * (1 + scale[:, None])) == only()
+    # RMSNorm over the last dim (torch and hand-written), not over dim 1
+    assert sites(lambda: F.rms_norm(x, (D,), w, 1e-6)) == only(rms_norm=1)
+    assert sites(lambda: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w) == only(rms_norm=1)
+    assert sites(lambda: x * torch.rsqrt(x.pow(2).mean(1, keepdim=True) + 1e-6)) == only()
+    # GELU: tanh only
+    assert sites(lambda: F.gelu(x, approximate="tanh")) == only(gelu=1)
+    assert sites(lambda: F.gelu(x)) == only()
+    assert sites(lambda: x * torch.sigmoid(1.702 * x)) == only()
+    # mul_add: a * b + c of one dtype (gate, scalar, per-token, a plain LayerNorm's affine); not mixed dtypes,
+    # not a product with another user, not a - , not an RMSNorm's weight
+    assert sites(lambda: res + gate[:, None] * y) == only(mul_add=1)
+    assert sites(lambda: x * 0.5 + y) == only(mul_add=1)
+    assert sites(lambda: x * y + res) == only(mul_add=1)
+    assert sites(lambda: F.layer_norm(x, (D,), w, w.flip(0))) == only(mul_add=1)
+    assert sites(lambda: x * y.double() + res) == only()
+    assert sites(lambda: x * y - res) == only()
+    def shared_product():
+        p = x * y
+        return p + res, p
+    assert sites(shared_product) == only()
+    assert sites(lambda: res + F.rms_norm(y, (D,), w, 1e-6)) == only(rms_norm=1)
+
+
+def test_rope_forms():
+    H, Dh = 2, 8
+    q, k = torch.randn(B, H, S, Dh), torch.randn(B, H, S, Dh)
+    cos, sin = torch.randn(S, Dh), torch.randn(S, Dh)
+    for dim in (-1, -2):
+        assert sites(lambda: (apply_rotary_emb(q, (cos, sin), use_real_unbind_dim=dim),
+                              apply_rotary_emb(k, (cos, sin), use_real_unbind_dim=dim))) == only(rope=2)
+    freqs = torch.polar(torch.ones(S, Dh // 2), torch.randn(S, Dh // 2))
+    assert sites(lambda: torch.view_as_real(torch.view_as_complex(q.reshape(B, H, S, -1, 2)) * freqs).flatten(3)) \
+        == only(rope=1)
+    # Wan: even/odd halves written into one output: one application
+    def wan(x):
+        x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+        out = torch.empty_like(x)
+        out[..., 0::2] = x1 * cos[..., 0::2] - x2 * sin[..., 1::2]
+        out[..., 1::2] = x1 * sin[..., 1::2] + x2 * cos[..., 0::2]
+        return out
+    assert sites(lambda: (wan(q), wan(k))) == only(rope=2)
+    # lookalike: no rotation (the same x on both sides) is no RoPE; it is a plain mul_add (broadcast factor cos,
+    # full-shape addend q * sin)
+    assert sites(lambda: q * cos + q * sin) == only(mul_add=1)
+
+
+# Hand counts from the diffusers source, for the zoo's configs:
+HAND = {
+    # SPEC §3: per double block 4 RMSNorm, 2 RoPE, 4 AdaLN, 2 GELU, 4 gated residuals; per single block 2, 2, 1, 1,
+    # 1; plus the AdaLN of norm_out. 2 double + 2 single blocks.
+    "FluxTransformer2DModel": dict(rms_norm=12, rope=8, adaln=11, gelu=6, mul_add=10),
+    # 2 blocks; block 0 dual-attention: RMS q/k/added q/k + attn2 q/k = 6, AdaLN norm1 (SD35AdaLayerNormZeroX: two
+    # modulations) + norm1_context + norm2 + norm2_context = 5, GELU ff + ff_context = 2, gated attn/attn2/ff/ctx
+    # attn/ctx ff = 5; block 1 (context_pre_only): RMS 4, AdaLN norm1 + norm1_context (Continuous) + norm2 = 3,
+    # GELU 1, gated 2; norm_out 1 AdaLN.
+    "SD3Transformer2DModel": dict(rms_norm=10, rope=0, adaln=9, gelu=3, mul_add=7),
+    # 2 blocks: RMS across heads q/k of attn1 and attn2 = 4, RoPE q/k = 2, AdaLN norm1 + norm3 = 2 (norm2 is a
+    # plain cross-attention LayerNorm), GELU ff 1, gated attn1 + ffn = 2 (cross-attn residual has no gate); plus
+    # norm_out AdaLN 1 and the text embedder's gelu_tanh 1.
+    "WanTransformer3DModel": dict(rms_norm=8, rope=4, adaln=5, gelu=3, mul_add=4),
+    # 2 blocks (LayerNorm qk-norm: no RMS): RoPE q/k = 2, CogVideoXLayerNormZero norm1/norm2 modulate both streams
+    # = 4 AdaLN, GELU ff 1, gated 4; norm_out AdaLN 1; the last block's text-stream ff residual is dead code
+    # (the output is the video stream), so aot_autograd drops it: 8 - 1 gated residuals.
+    "CogVideoXTransformer3DModel": dict(rms_norm=0, rope=4, adaln=9, gelu=2, mul_add=7),
+    # 2 layers + noise refiner + context refiner = 4 blocks, each RMS q/k + norm1/ffn_norm1/norm2/ffn_norm2 = 6,
+    # plus the caption embedder's RMSNorm = 25; RoPE q/k in all 4 = 8; no AdaLN (RMS-based modulation, norm_out
+    # has no shift); gated residuals (tanh gate) in the 3 modulated blocks = 6; SiLU-gated FF, no GELU.
+    "Lumina2Transformer2DModel": dict(rms_norm=25, rope=8, adaln=0, gelu=0, mul_add=6),
+    # 1 double block: RMS q/k/q_t/k_t = 4, RoPE 2, AdaLN norm1_i/norm1_t/norm3_i/norm3_t = 4, gated 4; 1 single
+    # block: RMS 2, RoPE 2, AdaLN 2, gated 2; the final layer's AdaLN 1; SwiGLU MoE, no GELU.
+    "HiDreamImageTransformer2DModel": dict(rms_norm=6, rope=4, adaln=7, gelu=0, mul_add=6),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HAND))
+def test_hand_counts(name):
+    model, kw = zoo.build(name)
+    graphs, _ = capture(model, **kw)
+    assert count_sites(graphs) == HAND[name]

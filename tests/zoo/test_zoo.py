@@ -1,0 +1,139 @@
+"""The zoo (fusegraph.zoo) through the fusegraph Backend on its three routes — default (fusion -> Inductor),
+``inductor=False`` (fused aten ops) and ``graph_with_compile=True`` (fusion, then a host-graph capture) — in fp32,
+no grad:
+
+- every output tensor matches eager (``assert_close(rtol=1e-4, atol=1e-4)``) on two calls with fresh inputs of
+  the same shape (the graph route captures on the first and replays on the second);
+- the fused count per family (``backend.stats.patterns``) equals the sites that the independent counter
+  (tests/zoo/site_counter.py) finds in the graphs Dynamo hands over;
+- no graph-break regression: the backend's first call breaks the model into no more Dynamo graphs, and no more
+  graph breaks, than the plain capture (a recording aot_autograd backend — graph breaks are Dynamo's, so this is
+  what ``torch.compile(backend="inductor")`` gets too).
+All failures of one case are reported together (numerics, counts, breaks), so one run gives the whole to-do list.
+
+bf16 (Flux, SD3.5, Wan): the fused model's max error against a float64 copy of the same bf16 model is no worse
+than eager bf16's error (10% slack: see ``test_bf16_error_vs_float64``).
+
+Tiers: the fast tier (default, part of ``make test``) runs FAST_ALL_ROUTES — five models of different block kinds —
+on all three routes, the bf16 checks and the counter's own tests (about 5 minutes of 2-core CPU time; every model
+on one route alone would take longer: 35 models x 10-30 s); the full tier (``make test-zoo``) runs every model on
+every route.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+
+import pytest
+import torch
+import torch._inductor.config as inductor_config
+from torch._dynamo.utils import counters
+
+from fusegraph import Backend, CompilationConfig, zoo
+from tests.zoo.site_counter import FAMILIES, capture, count_sites
+
+ROUTES = {"default": {}, "aten": dict(inductor=False), "graph": dict(graph_with_compile=True)}
+# every route for a few models of different block kinds (double/single-stream MMDiT, Wan, PixArt-style, Lumina)
+FAST_ALL_ROUTES = ("FluxTransformer2DModel", "SD3Transformer2DModel", "WanTransformer3DModel",
+                   "PixArtTransformer2DModel", "Lumina2Transformer2DModel")
+BF16_MODELS = ("FluxTransformer2DModel", "SD3Transformer2DModel", "WanTransformer3DModel")
+TOL = dict(rtol=1e-4, atol=1e-4)
+
+
+def tensors(out) -> list:
+    """The output tensors of a forward (tensor, tuple/list, dict or diffusers ModelOutput, nested)."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):  # ModelOutput is an OrderedDict
+        return [t for v in out.values() for t in tensors(v)]
+    if isinstance(out, (list, tuple)):
+        return [t for v in out for t in tensors(v)]
+    return []
+
+
+def _is_fast(name: str, route: str) -> bool:
+    return name in FAST_ALL_ROUTES
+
+
+def _cases():
+    for name in zoo.names():
+        for route in ROUTES:
+            marks = () if _is_fast(name, route) else (pytest.mark.zoo_full,)
+            yield pytest.param(name, route, marks=marks, id=f"{name}-{route}")
+
+
+@functools.lru_cache(maxsize=None)
+def plain_capture(name: str) -> tuple[dict, int, int]:
+    """(sites per family, Dynamo graphs, graph breaks) of one forward of the fp32 zoo model, unfused."""
+    model, kwargs = zoo.build(name)
+    counters.clear()
+    graphs, _ = capture(model, **kwargs)
+    breaks = sum(counters["graph_break"].values())
+    return count_sites(graphs), len(graphs), breaks
+
+
+def compare(tag: str, got, expected, problems: list, tol=TOL) -> None:
+    got, expected = tensors(got), tensors(expected)
+    if len(got) != len(expected):
+        problems.append(f"{tag}: {len(got)} output tensors, eager has {len(expected)}")
+        return
+    for i, (g, e) in enumerate(zip(got, expected)):
+        try:
+            torch.testing.assert_close(g, e, **tol)
+        except AssertionError as err:
+            problems.append(f"{tag} output {i}: {str(err).splitlines()[-3:]}")
+
+
+@pytest.mark.parametrize("name,route", list(_cases()))
+def test_zoo(name, route):
+    sites, plain_graphs, plain_breaks = plain_capture(name)
+    model, kw1 = zoo.build(name)
+    kw2 = zoo.inputs(name, seed=1)
+    with torch.no_grad():
+        eager1, eager2 = model(**kw1), model(**kw2)
+
+    backend = Backend(CompilationConfig(**ROUTES[route]))
+    torch._dynamo.reset()
+    counters.clear()
+    with torch.no_grad(), inductor_config.patch(fx_graph_cache=False):
+        compiled = torch.compile(model, backend=backend)
+        out1 = compiled(**kw1)
+        graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+        out2 = compiled(**kw2)
+
+    problems = []
+    compare("call 1", out1, eager1, problems)
+    compare("call 2 (fresh inputs)", out2, eager2, problems)
+    fused = {k: backend.stats.patterns.get(k, 0) for k in FAMILIES}
+    if fused != sites:
+        diff = {k: f"sites {sites[k]} fused {fused[k]}" for k in FAMILIES if sites[k] != fused[k]}
+        problems.append(f"fused counts differ from the sites: {diff}")
+    if graphs > plain_graphs or breaks > plain_breaks:
+        problems.append(f"graph breaks: {graphs} graphs / {breaks} breaks, plain torch.compile {plain_graphs} / "
+                        f"{plain_breaks}")
+    print(f"\n{name} [{route}] sites {sites} fused {fused}")
+    assert not problems, f"{name} [{route}]:\n  " + "\n  ".join(problems)
+
+
+def _max_error(out, ref) -> float:
+    return max((o.double() - r).abs().max().item() for o, r in zip(tensors(out), tensors(ref)))
+
+
+@pytest.mark.parametrize("name", BF16_MODELS)
+def test_bf16_error_vs_float64(name):
+    """The fused bf16 model is no less accurate than eager bf16, both against a float64 copy of the same bf16
+    weights and inputs. Slack 10%: fusion removes roundings (it can only help), but Inductor also reorders fp32
+    accumulations (matmul blocking, reductions), which moves individual elements across a bf16 rounding boundary
+    either way; the max over the output of such a change is a small fraction of eager's own error, not a trend."""
+    model, kw = zoo.build(name, torch.bfloat16)
+    model64 = copy.deepcopy(model).double()
+    kw64 = zoo._cast(kw, torch.float64)
+    backend = Backend(CompilationConfig())
+    with torch.no_grad(), inductor_config.patch(fx_graph_cache=False):
+        ref = model64(**kw64)
+        eager = model(**kw)
+        fused = torch.compile(model, backend=backend)(**kw)
+    assert sum(backend.stats.patterns.values()) > 0, "nothing fused: the comparison would be eager against eager"
+    eager_err, fused_err = _max_error(eager, ref), _max_error(fused, ref)
+    print(f"\n{name} bf16 max error vs float64: eager {eager_err:.4g} fused {fused_err:.4g}")
+    assert fused_err <= 1.1 * eager_err, f"fused error {fused_err:.4g} > eager's {eager_err:.4g}"
