@@ -300,6 +300,10 @@ class Backend:
             return make_boxed_func(aot_gm.forward)
 
         def inference(aot_gm, aot_inputs):
+            layouts = _output_layouts(aot_gm)  # as traced, before fusion and freezing: eager's strides
+            return _with_traced_strides(compile_inference(aot_gm, aot_inputs), layouts)
+
+        def compile_inference(aot_gm, aot_inputs):
             if fuse:
                 job.fuse(aot_gm)
             else:
@@ -544,6 +548,57 @@ def _has_symbolic_inputs(gm, example_inputs) -> bool:
                     isinstance(val, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in val.shape)):
                 return True
     return False
+
+
+def _output_layouts(gm: torch.fx.GraphModule) -> list:
+    """(index, shape, strides) of each tensor output of an aot graph, from its trace."""
+    outputs = gm.graph.output_node().args[0]
+    layouts = []
+    for i, node in enumerate(outputs if isinstance(outputs, (list, tuple)) else [outputs]):
+        val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+        if isinstance(val, torch.Tensor) and not isinstance(val, torch.SymInt) and \
+                all(isinstance(d, int) for d in (*val.shape, *val.stride())):
+            layouts.append((i, tuple(val.shape), tuple(val.stride())))
+    return layouts
+
+
+def _restride(t: torch.Tensor, shape, stride) -> torch.Tensor:
+    """``t`` with the traced ``stride``: a free view where only size-1 dims differ, else a copy."""
+    if tuple(t.shape) != shape:
+        return t
+    if t.is_contiguous() and all(a == b for d, a, b in zip(shape, t.stride(), stride) if d != 1):
+        return t.as_strided(shape, stride)
+    out = torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device)
+    return out.copy_(t)
+
+
+def _with_traced_strides(boxed, layouts):
+    """A boxed callable whose tensor outputs have the strides the graph was traced with (eager's).
+
+    A fused op writes a dense row-major result where eager's op may have kept its input's layout, and freezing's
+    CPU weight packing makes convolutions return channels-last tensors (Inductor's codegen restores output
+    strides; an aten graph run by FX or captured does not). Dynamo guards the strides of every tensor a later
+    frame receives, so a block whose output strides changed made Dynamo recompile the next block (HunyuanVideo
+    1.5), and aot_autograd regenerates outputs that are views of an output from the traced strides. One stride
+    compare per output per call; a copy only where the memory order really differs."""
+    if not layouts:
+        return boxed
+
+    def run(args):
+        outs = boxed(args)
+        fixed = None
+        for i, shape, stride in layouts:
+            t = outs[i]
+            if isinstance(t, torch.Tensor) and t.stride() != stride:
+                if fixed is None:
+                    fixed = list(outs)
+                fixed[i] = _restride(t, shape, stride)
+        if fixed is None:
+            return outs
+        return type(outs)(fixed) if isinstance(outs, tuple) else fixed
+
+    run._boxed_call = True
+    return run
 
 
 def _pass_kept_args(compiled, keep):

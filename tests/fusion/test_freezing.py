@@ -172,3 +172,64 @@ def test_models_that_reuse_block_graphs(name, route):
         torch.testing.assert_close(_first_tensor(fn(**kwargs)), ref, rtol=1e-4, atol=1e-4)
     if name.startswith("HiDream"):  # its MoE breaks the graph inside every block: each block graph is reused
         assert backend.stats.frozen_recompiles >= 1
+
+
+class _ConvThenGelu(nn.Module):
+    """A conv whose output freezing's CPU weight packing lays out channels-last, then a tanh-GELU on a transposed
+    view (eager's gelu keeps that layout; the fused op writes row-major)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 8, 3, padding=1)
+
+    def forward(self, x):
+        h = self.conv(x)
+        return h, F.gelu(h.flatten(2).transpose(1, 2), approximate="tanh")
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_outputs_keep_eager_strides(route):
+    torch.manual_seed(5)
+    net = _ConvThenGelu().eval()
+    fn, backend = compiled(net, route)
+    x = torch.randn(2, 4, 6, 5)
+    with torch.no_grad():
+        for _ in range(2):
+            outs, refs = fn(x), net(x)
+            for out, ref in zip(outs, refs):
+                torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+                assert out.stride() == ref.stride()
+
+
+def test_output_strides_cause_no_recompile():
+    """Block outputs feed the next Dynamo frame: other strides than traced would fail its stride guards."""
+    torch.manual_seed(6)
+
+    class Chain(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList([_ConvThenGelu() for _ in range(3)])
+            self.proj = nn.ModuleList([nn.Conv2d(8, 4, 1) for _ in range(3)])
+
+        def forward(self, x):
+            for block, proj in zip(self.blocks, self.proj):
+                h, _ = block(x)
+                torch._dynamo.graph_break()
+                x = proj(h)
+            return x
+
+    net = Chain().eval()
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    x = torch.randn(2, 4, 6, 5)
+    with torch.no_grad():
+        ref = net(x)
+        torch.compile(net, backend=record)(x)
+        torch._dynamo.reset()
+        fn, backend = compiled(net, "aten")
+        torch.testing.assert_close(fn(x), ref, rtol=1e-5, atol=1e-5)
+    assert backend.stats.graphs_compiled == len(graphs)  # no recompile of the block frames
