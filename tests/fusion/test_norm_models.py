@@ -11,8 +11,8 @@ What the counts account for:
   separate one-module frames; Dynamo compiles such a frame once per input shape and reuses it for every instance.
   ``stats`` counts fused sites per compiled graph, so those are counted per distinct shape.
 
-Mochi, HunyuanVideo 1.5 and HiDream compile with ``enable_freezing=False``: with freezing, a graph Dynamo reuses for
-several block instances keeps the first instance's folded weights (a bug being fixed apart from the fusion passes).
+mul_add is not counted here: the zoo suite (tests/zoo) checks every family's exact count against an independent
+site counter for these models.
 """
 import pytest
 import torch
@@ -126,13 +126,13 @@ def _diffusers_rms(model):
     return count(model, RMSNorm)
 
 
-MODELS = dict(mochi=(mochi, mochi_expected, False), cogvideox=(cogvideox, cogvideox_expected, True),
-              flux2=(flux2, flux2_expected, True))
+MODELS = dict(mochi=(mochi, mochi_expected), cogvideox=(cogvideox, cogvideox_expected),
+              flux2=(flux2, flux2_expected))
 
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_model_sites_fuse_and_match_eager(name):
-    make, expected_of, freezing = MODELS[name]
+    make, expected_of = MODELS[name]
     torch.manual_seed(0)
     model, inputs = make()
     model = randomize(model.eval())
@@ -143,11 +143,7 @@ def test_model_sites_fuse_and_match_eager(name):
     def call(*args):
         return model(**dict(zip(tensors, args)), **others, return_dict=False)[0]
 
-    b, out, eager = compile_and_run(call, *tensors.values(), fullgraph=False, inductor=False,
-                                    enable_freezing=freezing)
+    b, out, eager = compile_and_run(call, *tensors.values(), fullgraph=False, inductor=False)
     got = {k: b.stats.patterns[k] for k in ("rms_norm", "adaln", "gelu")}
-    gated = b.all_ops["fusegraph.mul_add.default"]
     assert got == {k: expected[k] for k in got}, f"fused {got}, the model has {expected} sites"
-    # every gated residual fuses; other ``a * b + c`` in embeddings and position code may fuse too (not counted)
-    assert gated >= expected["mul_add"], f"{gated} tensor mul_add fused, the model has {expected['mul_add']} gated residuals"
     torch.testing.assert_close(out, eager, rtol=1e-4, atol=1e-4)

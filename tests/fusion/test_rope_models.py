@@ -1,7 +1,8 @@
 """RoPE in real models beyond Flux / Wan (SPEC §3): tiny diffusers Lumina2, Z-Image, QwenImage (complex form),
 LTX and LTX2 (rank-3 x; LTX2 also its split form), HiDream (2x2 matrices) and HunyuanVideo 1.5 (use_real,
-sequence_dim=1), random weights, fp32, through the fusegraph Backend (inductor=False): every RoPE site fuses and
-the output matches eager.
+sequence_dim=1), random weights, fp32, through the fusegraph Backend (inductor=False; Lumina2, HiDream and LTX2
+split also on the default route, ``Backend(CompilationConfig())``: Inductor, freezing on): every RoPE site fuses
+and the output matches eager.
 
 Expected counts are read off each model's source: the attention processors that apply RoPE, times the q / k
 (and, in QwenImage, text q / k) they apply it to; each is counted from the model's own modules."""
@@ -21,6 +22,9 @@ from diffusers.models.transformers.transformer_z_image import ZImageTransformerB
 from tests.fusion.pattern_checks import compile_and_run
 
 TOL = dict(rtol=1e-4, atol=1e-4)
+ATEN = dict(inductor=False)
+DEFAULT = {}  # Backend(CompilationConfig()): inductor=True, freezing on (its CSE runs before the fusion)
+ROUTES = [pytest.param(ATEN, id="aten"), pytest.param(DEFAULT, id="default")]
 
 
 def count(model, cls):
@@ -37,34 +41,34 @@ def randomize(model):
     return model.eval()
 
 
-def check(model, inputs, expected_rope, **cfg):
-    """Every output the model returns (LTX2's audio too: a site whose result no output reads is dead code)."""
+def check(model, inputs, expected_rope, route=ATEN):
+    """Every output the model returns (LTX2's audio too: a site whose result no output reads is dead code).
+    ``route``: the whole CompilationConfig (``DEFAULT``: none given)."""
     def run():
         return tuple(o for o in model(**inputs, return_dict=False) if isinstance(o, torch.Tensor))
 
-    b, out, eager = compile_and_run(run, fullgraph=False, inductor=False, **cfg)
+    b, out, eager = compile_and_run(run, fullgraph=False, **route)
+    if route is DEFAULT:
+        assert b.config.inductor and b.config.enable_freezing  # the route whose CSE the fix is about
     assert b.stats.patterns["rope"] == expected_rope, b.stats.patterns
     torch.testing.assert_close(out, eager, **TOL)
 
 
-@pytest.mark.parametrize("freqs_dtype", [torch.complex64, torch.complex128])
-def test_lumina2(freqs_dtype):
+@pytest.mark.parametrize("route", ROUTES)
+def test_lumina2(route):
     """Lumina2AttnProcessor2_0: apply_rotary_emb(use_real=False) on q and k in every block (noise and context
-    refiners, main layers). Lumina2RotaryPosEmbed builds complex128 tables everywhere but on MPS (complex64
-    there): the product then runs in float64, which the op (fp32 math) does not reproduce exactly, so those
-    sites stay unfused, like any float64 table; with complex64 tables every site fuses."""
+    refiners, main layers). Lumina2RotaryPosEmbed's stock tables are complex128 (everywhere but on MPS), so the
+    product runs in float64 and type_as(x) rounds it to fp32: the op's fp32 math from fp32-rounded tables is a
+    couple of fp32 ulps from that, and every site fuses, on both routes."""
     model = randomize(Lumina2Transformer2DModel(
         sample_size=8, patch_size=2, in_channels=4, hidden_size=24, num_layers=1, num_refiner_layers=1,
         num_attention_heads=3, num_kv_heads=1, multiple_of=2, norm_eps=1e-5, axes_dim_rope=(4, 2, 2),
         axes_lens=(64, 64, 64), cap_feat_dim=16))
-    embedder = model.rope_embedder
-    assert all(f.dtype == torch.complex128 for f in embedder.freqs_cis)
-    embedder.freqs_cis = [f.to(freqs_dtype) for f in embedder.freqs_cis]
+    assert all(f.dtype == torch.complex128 for f in model.rope_embedder.freqs_cis)  # the stock tables
     B, T = 1, 6
     inputs = dict(hidden_states=torch.randn(B, 4, 8, 8), encoder_hidden_states=torch.randn(B, T, 16),
                   timestep=torch.rand(B), encoder_attention_mask=torch.ones(B, T, dtype=torch.bool))
-    sites = 2 * count(model, Lumina2TransformerBlock)
-    check(model, inputs, sites if freqs_dtype == torch.complex64 else 0)
+    check(model, inputs, 2 * count(model, Lumina2TransformerBlock), route)
 
 
 def test_z_image():
@@ -101,11 +105,14 @@ def test_ltx():
     check(model, inputs, 2 * count(model, LTXVideoTransformerBlock))
 
 
-@pytest.mark.parametrize("rope_type", ["interleaved", "split"])
-def test_ltx2(rope_type):
+@pytest.mark.parametrize("rope_type,route", [("interleaved", ATEN), ("split", ATEN), ("split", DEFAULT)],
+                         ids=["interleaved-aten", "split-aten", "split-default"])
+def test_ltx2(rope_type, route):
     """LTX2AudioVideoAttnProcessor, per block: q and k of the video and audio self-attentions (attn1,
     audio_attn1) and of the audio-to-video and video-to-audio cross-attentions (8); attn2 / audio_attn2 (text)
-    have none. "split" is what the released LTX-2 checkpoints use."""
+    have none. "split" is what the released LTX-2 checkpoints use. On the default route freezing's CSE shares
+    q's and k's ``cos.unsqueeze(-2)``, ``sin.unsqueeze(-2)`` and ``-sin_u`` (split_shared_table_ops undoes
+    it), and the form's last reshape merges with the attention's unflatten (the _ltx2_split_heads form)."""
     model = randomize(LTX2VideoTransformer3DModel(
         in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16,
         audio_in_channels=4, audio_out_channels=4, audio_num_attention_heads=2, audio_attention_head_dim=4,
@@ -116,13 +123,15 @@ def test_ltx2(rope_type):
                   encoder_hidden_states=torch.randn(B, T, 16), audio_encoder_hidden_states=torch.randn(B, T, 16),
                   timestep=torch.tensor([500.0]), encoder_attention_mask=torch.ones(B, T).bool(),
                   num_frames=F, height=H, width=W, audio_num_frames=A, fps=25.0)
-    check(model, inputs, 8 * count(model, LTX2VideoTransformerBlock))
+    check(model, inputs, 8 * count(model, LTX2VideoTransformerBlock), route)
 
 
-def test_hidream():
+@pytest.mark.parametrize("route", [pytest.param(ATEN, id="aten"), pytest.param(DEFAULT, id="default")])
+def test_hidream(route):
     """HiDreamAttnProcessor: apply_rope(q, k) once per attention (two sites), double and single blocks.
-    enable_freezing=False: Dynamo reuses one graph for several block instances, which freezing gets wrong
-    until the freezing fix lands."""
+    Dynamo reuses one graph for several block instances (MoE graph breaks); freezing is guarded per call
+    (tests/fusion/test_freezing.py). The default route: freezing's CSE shares q's and k's
+    ``freqs_cis[..., 0]`` / ``[..., 1]`` (split_shared_table_ops undoes it)."""
     model = randomize(HiDreamImageTransformer2DModel(
         patch_size=2, in_channels=4, out_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=8,
         num_attention_heads=4, caption_channels=[8, 4], text_emb_dim=8, num_routed_experts=2,
@@ -132,12 +141,13 @@ def test_hidream():
     inputs = dict(hidden_states=torch.randn(B, 4, 8, 8), encoder_hidden_states_t5=torch.randn(B, T, 8),
                   encoder_hidden_states_llama3=torch.randn(2, B, T, 4), pooled_embeds=torch.randn(B, 8),
                   timesteps=torch.tensor([500]))
-    check(model, inputs, 2 * count(model, HiDreamAttention), enable_freezing=False)
+    check(model, inputs, 2 * count(model, HiDreamAttention), route)
 
 
 def test_hunyuan_video15():
     """HunyuanVideo15AttnProcessor2_0: apply_rotary_emb(use_real=True, sequence_dim=1) on q and k of every
-    transformer block (the token refiner has none). enable_freezing=False as for HiDream."""
+    transformer block (the token refiner has none). A graph break inside the blocks makes Dynamo compile the
+    block forward once and reuse it for both blocks: 2 sites in the compiled graphs (stats count per graph)."""
     model = randomize(HunyuanVideo15Transformer3DModel(
         in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=2,
         num_refiner_layers=1, mlp_ratio=2.0, text_embed_dim=16, text_embed_2_dim=8, image_embed_dim=12,
@@ -147,4 +157,5 @@ def test_hunyuan_video15():
                   encoder_hidden_states=torch.randn(B, 6, 16), encoder_hidden_states_2=torch.randn(B, 4, 8),
                   encoder_attention_mask=torch.ones(B, 6), encoder_attention_mask_2=torch.ones(B, 4),
                   image_embeds=torch.randn(B, 3, 12))
-    check(model, inputs, 2 * count(model, HunyuanVideo15TransformerBlock), enable_freezing=False)
+    assert count(model, HunyuanVideo15TransformerBlock) == 2
+    check(model, inputs, 2, ATEN)

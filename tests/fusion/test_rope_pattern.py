@@ -1,7 +1,8 @@
 """RoPE fusion (SPEC §3): diffusers apply_rotary_emb(use_real=True) with use_real_unbind_dim -1 / -2 and
 sequence_dim 1 / 2, Wan's own RoPE (strided even/odd slices written into empty_like), the complex form
-(use_real=False: Lumina2, Z-Image, QwenImage), LTX / LTX2 on rank-3 x, LTX2's split form and HiDream's 2x2
-matrices -> one fusegraph.rope each; lookalikes stay unfused, silently."""
+(use_real=False: Lumina2, Z-Image, QwenImage; complex64 and complex128 tables), LTX / LTX2 on rank-3 x, LTX2's
+split form and HiDream's 2x2 matrices -> one fusegraph.rope each, also where q's and k's RoPE share table ops (as
+freezing's CSE leaves them on the default route); lookalikes stay unfused, silently."""
 import logging
 
 import pytest
@@ -240,13 +241,68 @@ def test_complex_rope_conjugated_freqs_fuses():
     torch.testing.assert_close(lumina_rope(out, freqs), x)  # rotated back
 
 
-def test_complex128_freqs_stay_unfused():
-    """complex128 freqs (Lumina2's default tables) make the product float64: not the op's fp32 math."""
+def rope64(x, freqs, dim):
+    """The complex product in float64: x's pairs times complex128 freqs unsqueezed at ``dim`` (heads)."""
+    xc = torch.view_as_complex(x.double().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(xc * freqs.to(torch.complex128).unsqueeze(dim)).flatten(3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("form", ["lumina2", "z_image"])
+def test_complex128_freqs_fuse(dtype, form):
+    """complex128 freqs (Lumina2's stock tables) make the product float64, which ``type_as(x)`` rounds to x's
+    dtype: a form of its own for fp32 x (the cast is a node there), the same graph as complex64 for bf16 /
+    fp16. The op computes in fp32 from fp32-rounded tables (a couple of fp32 ulps from the float64 product)."""
+    B, S, H, D = 2, 7, 3, 16
+    x = torch.randn(B, S, H, D, dtype=dtype)
+    freqs = complex_freqs(B, S, D // 2).to(torch.complex128)
+    fn = lumina_rope if form == "lumina2" else z_image_rope
+    b, out, eager = compile_and_run(fn, x, freqs, inductor=False)
+    assert b.stats.patterns["rope"] == 1 and fused(b, "rope") == 1
+    assert_ops_gone(b, *COMPLEX_CHAIN)
+    assert_matches(out, eager, scale=2.0, ref64=rope64(x, freqs, 2))
+
+
+def test_complex128_fused_op_accuracy():
+    """The accuracy the lead's decision rests on: fused (fp32 math, fp32-rounded cos / sin) against the float64
+    product, on random x and random angles (positions up to 4096: the angles' own fp32 rounding is in the
+    tables), fp32 x: within the project's op-level fp32 tolerance, and as close to eager's float64-then-round
+    result."""
+    torch.manual_seed(0)
+    B, S, H, D = 2, 256, 4, 64
+    x = torch.randn(B, S, H, D) * 3
+    angles = torch.rand(B, S, D // 2, dtype=torch.float64) * 4096 * torch.rand(D // 2, dtype=torch.float64)
+    freqs = torch.polar(torch.ones_like(angles), angles)
+    assert freqs.dtype == torch.complex128
+    b, out, eager = compile_and_run(lumina_rope, x, freqs, inductor=False)
+    assert fused(b, "rope") == 1
+    ref = rope64(x, freqs, 2)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5)
+    err = ((out.double() - ref).abs() / (ref.abs() + 1)).max().item()
+    assert err < 4 * 2.0 ** -23, err  # a few fp32 ulps
+
+
+def lookalike_complex128_float64_out(x, freqs):
+    """complex128 product whose float64 result flows on (no cast back to x's dtype): not the op's result."""
+    x_c = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(x_c * freqs.unsqueeze(2)).flatten(3) * 2
+
+
+def lookalike_complex128_other_cast(x, freqs):
+    """complex128 product cast to a dtype that is not x's (bf16 from fp32 x)."""
+    x_c = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(x_c * freqs.unsqueeze(2)).flatten(3).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("fn", [lookalike_complex128_float64_out, lookalike_complex128_other_cast])
+def test_complex128_lookalikes_stay_unfused(fn):
     x = torch.randn(2, 5, 2, 8)
     freqs = complex_freqs(2, 5, 4).to(torch.complex128)
-    b, out, eager = compile_and_run(lumina_rope, x, freqs, inductor=False)
-    assert fused(b, "rope") == 0
-    torch.testing.assert_close(out, eager)
+    b, out, eager = compile_and_run(fn, x, freqs, inductor=False)
+    assert b.stats.patterns["rope"] == 0 and fused(b, "rope") == 0
+    assert out.dtype == eager.dtype
+    torch.testing.assert_close(out, eager, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("fn", [lookalike_complex_conjugate, lookalike_complex_halves, lookalike_complex_real_freqs])
@@ -451,3 +507,130 @@ def test_ltx2_split_lookalikes_stay_unfused(fn):
     b, out, eager = compile_and_run(fn, x, cos, sin, inductor=False)
     assert b.stats.patterns["rope"] == 0 and fused(b, "rope") == 0
     assert_matches(out, eager)
+
+
+# --- q and k sharing table ops (freezing's CSE on the default route) --------------------------------------
+
+
+def hidream_rope_shared(q, k, freqs_cis):
+    """apply_rope(q, k) as freezing's CSE leaves it: one ``freqs_cis[..., 0]`` and one ``[..., 1]`` for both."""
+    f0, f1 = freqs_cis[..., 0], freqs_cis[..., 1]
+
+    def one(x):
+        x_ = x.float().reshape(*x.shape[:-1], -1, 1, 2)
+        return (f0 * x_[..., 0] + f1 * x_[..., 1]).reshape(*x.shape).type_as(x)
+
+    return one(q), one(k)
+
+
+def hidream_rope_shared_lookalike_k(q, k, freqs_cis):
+    """q: HiDream's RoPE; k: the swapped-columns lookalike. Both read the shared selects."""
+    f0, f1 = freqs_cis[..., 0], freqs_cis[..., 1]
+    q_ = q.float().reshape(*q.shape[:-1], -1, 1, 2)
+    k_ = k.float().reshape(*k.shape[:-1], -1, 1, 2)
+    q_out = (f0 * q_[..., 0] + f1 * q_[..., 1]).reshape(*q.shape).type_as(q)
+    k_out = (f1 * k_[..., 0] + f0 * k_[..., 1]).reshape(*k.shape).type_as(k)
+    return q_out, k_out
+
+
+def ltx2_split_shared(q, k, cos, sin, extra_out=False):
+    """apply_split_rotary_emb on q and k as freezing's CSE leaves it: one ``cos.unsqueeze(-2)``,
+    ``sin.unsqueeze(-2)`` and ``-sin_u`` for both (``extra_out``: ``-sin_u`` also returned, a user outside
+    either RoPE)."""
+    cos_u, sin_u = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    neg_sin_u = -sin_u
+    b, h, t, _ = cos.shape
+
+    def one(x):
+        x_dtype = x.dtype
+        x = x.reshape(b, t, h, -1).swapaxes(1, 2)
+        last = x.shape[-1]
+        split_x = x.reshape(*x.shape[:-1], 2, last // 2).float()
+        out = split_x * cos_u
+        out[..., :1, :].addcmul_(neg_sin_u, split_x[..., 1:, :])
+        out[..., 1:, :].addcmul_(sin_u, split_x[..., :1, :])
+        return out.reshape(*out.shape[:-2], last).swapaxes(1, 2).reshape(b, t, -1).to(x_dtype)
+
+    return (one(q), one(k), neg_sin_u) if extra_out else (one(q), one(k))
+
+
+def ltx2_split_attention(q, k, cos, sin):
+    """LTX2's attention: split RoPE on q and k, then ``unflatten(2, (heads, -1))`` (on the default route the
+    form's last reshape and this one become one reshape that Inductor drops)."""
+    h = cos.shape[1]
+    return tuple(ltx2_split_rope(x, cos, sin).unflatten(2, (h, -1)) for x in (q, k))
+
+
+def test_split_shared_table_ops_groups_per_instance():
+    """The preparation step itself, on the shared-table graphs traced as aot_autograd does: each RoPE gets its
+    own copies, a user outside both (``-sin_u`` returned) keeps the original, and the graph computes the
+    same."""
+    from fusegraph.fusion.patterns._trace import fwd_functional
+    from fusegraph.fusion.patterns.rope import split_shared_table_ops
+
+    def ops(gm, target):
+        return [n for n in gm.graph.nodes if n.op == "call_function" and n.target == target]
+
+    B, T, H, D = 1, 5, 2, 8
+    q, k = torch.randn(B, T, H * D), torch.randn(B, T, H * D)
+    cos, sin = torch.randn(B, H, T, D // 2), torch.randn(B, H, T, D // 2)
+    gm = fwd_functional(lambda *a: ltx2_split_shared(*a, extra_out=True), [q, k, cos, sin])  # as aot_autograd
+    assert [len(n.users) for n in ops(gm, torch.ops.aten.neg.default)] == [3]  # q, k and the output
+    # -sin_u and sin_u: a copy for q and one for k (the original keeps the output); cos_u: k's copy
+    assert split_shared_table_ops(gm.graph) == 5
+    assert [len(n.users) for n in ops(gm, torch.ops.aten.neg.default)] == [1, 1, 1]
+    # sin_u: the original (read by the returned -sin_u), q's and k's (each read by its -sin_u and addcmul)
+    assert sorted(len(n.users) for n in ops(gm, torch.ops.aten.unsqueeze.default)) == [1, 1, 1, 2, 2]
+    gm.recompile()
+    for a, e in zip(gm(q, k, cos, sin), ltx2_split_shared(q, k, cos, sin, extra_out=True)):
+        torch.testing.assert_close(a, e, rtol=0, atol=0)
+
+    freqs = torch.randn(B, T, 1, D // 2, 2, 2)
+    x4 = [torch.randn(B, T, H, D) for _ in range(2)]
+    gm = fwd_functional(hidream_rope_shared, [*x4, freqs])
+    assert split_shared_table_ops(gm.graph) == 2  # [..., 0] and [..., 1]: k's copies
+    assert all(len(n.users) == 1 for n in ops(gm, torch.ops.aten.select.int) if n.args[0].op == "placeholder")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("form", ["hidream", "ltx2_split"])
+def test_rope_sharing_table_ops_fuses(dtype, form):
+    """q and k sharing the table ops (as after CSE, here written so): both RoPEs fuse (inductor=False: the
+    sharing is the source's own)."""
+    B, T, H, D = 2, 5, 3, 8
+    if form == "hidream":
+        fn, q, k = hidream_rope_shared, torch.randn(B, T, H, D, dtype=dtype), torch.randn(B, T, H, D, dtype=dtype)
+        tables = (torch.randn(B, T, 1, D // 2, 2, 2),)
+    else:
+        fn, q, k = ltx2_split_shared, torch.randn(B, T, H * D, dtype=dtype), torch.randn(B, T, H * D, dtype=dtype)
+        tables = tuple(torch.randn(B, T, H, D // 2).transpose(1, 2) for _ in range(2))
+    b, out, eager = compile_and_run(fn, q, k, *tables, inductor=False)
+    assert b.stats.patterns["rope"] == 2 and fused(b, "rope") == 2
+    assert_matches(out, eager, scale=4.0, ref64=double(fn, q, k, *tables))
+
+
+def test_rope_sharing_table_ops_with_lookalike():
+    """q's RoPE and a lookalike on k share the selects: q fuses, k stays as written."""
+    q, k = torch.randn(2, 5, 2, 8), torch.randn(2, 5, 2, 8)
+    freqs = torch.randn(2, 5, 1, 4, 2, 2)
+    b, out, eager = compile_and_run(hidream_rope_shared_lookalike_k, q, k, freqs, inductor=False)
+    assert b.stats.patterns["rope"] == 1 and fused(b, "rope") == 1
+    assert_matches(out, eager, ref64=double(hidream_rope_shared_lookalike_k, q, k, freqs))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("form", ["hidream", "ltx2_split"])
+def test_rope_sharing_after_cse_fuses_on_default_route(dtype, form):
+    """The stock diffusers functions on q and k with the same tables through the default route
+    (``Backend(CompilationConfig())``: Inductor, freezing on): freezing's CSE merges q's and k's table ops
+    before the fusion pass, and both RoPEs still fuse."""
+    B, T, H, D = 1, 5, 2, 8
+    if form == "hidream":
+        fn, q, k = hidream_rope, torch.randn(B, T, H, D, dtype=dtype), torch.randn(B, T, H, D, dtype=dtype)
+        tables = (hidream_freqs(B, T, D),)
+    else:
+        fn, q, k = ltx2_split_attention, torch.randn(B, T, H * D, dtype=dtype), torch.randn(B, T, H * D, dtype=dtype)
+        tables = tuple(torch.randn(B, T, H, D // 2).transpose(1, 2) for _ in range(2))
+    b, out, eager = compile_and_run(fn, q, k, *tables)
+    assert b.stats.patterns["rope"] == 2 and fused(b, "rope") == 2
+    assert_matches(out, eager, scale=4.0, ref64=double(fn, q, k, *tables))

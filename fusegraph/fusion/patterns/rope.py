@@ -21,12 +21,27 @@ Source forms:
   QwenImage (``apply_rotary_emb_qwen(use_real=False)``): ``view_as_complex(x.float().reshape(..., -1, 2)) *
   freqs`` → ``view_as_real`` → flatten → ``type_as(x)``. The complex product is interleaved RoPE with
   cos = Re freqs, sin = Im freqs, each in both positions of its pair (tables of freqs' size, fp32).
+  complex128 freqs (Lumina2's stock tables everywhere but on MPS) make the product float64; it fuses too
+  (lead's decision), the op computing in fp32 from fp32-rounded cos/sin: a couple of fp32 ulps from the
+  float64 product, within the project's op-level fp32 tolerance. Only where ``type_as(x)`` rounds the
+  result to x's dtype anyway (the match's output must be in x's dtype); a float64 result that flows on, or
+  one cast to another dtype, stays unfused.
 * HiDream's ``apply_rope``: ``freqs_cis[..., 0] * x_[..., 0] + freqs_cis[..., 1] * x_[..., 1]`` with a 2x2
   matrix per pair; any such matrix is the op's ``x * cos + rot(x) * sin`` with cos = (f00, f11) and
   sin = (-f01, f10) per pair.
 * LTX2's ``apply_split_rotary_emb`` (rotate-half with per-head half tables ``[B, H, T, D/2]``) →
   ``rope(x.view(B, T, H, D), cat([cos, cos]), ..., interleaved=False)``: the op takes full-width tables, so
-  this form writes them (x's size, fp32) once per site.
+  this form writes them (x's size, fp32) once per site. Also without its last ``reshape(b, t, -1)`` (fp32 x,
+  output ``[B, T, H, D]``): on the inductor=True route that reshape and the attention's
+  ``unflatten(2, (heads, -1))`` become one reshape back to the swapaxes' shape, which Inductor drops.
+
+Sharing left by freezing's CSE (the default inductor=True route runs it before the fusion pass): the matcher
+refuses a match whose inner nodes have users outside it, and q's and k's RoPE compute the same table ops.
+Before matching, each RoPE instance gets its own copy again: Wan's strided table slices and ``empty_like``
+buffer (:func:`split_shared_rope_inputs`); HiDream's ``freqs_cis[..., 0]`` / ``[..., 1]`` selects and LTX2
+split's ``cos.unsqueeze(-2)``, ``sin.unsqueeze(-2)`` and ``-sin_u`` (:func:`split_shared_table_ops`, users
+grouped by the x they combine the table with). Views, selects and table-sized negations: cheap (Inductor
+re-merges copies that stay unfused; the aten route keeps them, a table-sized negation at most).
 
 Why these forms were missed before: the complex and HiDream forms are other op chains; LTX's ``unflatten``
 traces to a view with the pair count spelled out (``reshape(..., -1, 2)`` keeps the -1), and a rank-3 x was
@@ -88,8 +103,9 @@ def _wan(x, freqs_cos, freqs_sin):
 
 def _complex(x, freqs):
     """``apply_rotary_emb(use_real=False)`` (Lumina2), Z-Image's and QwenImage's copies of it: x's pairs as
-    complex numbers times ``freqs`` (complex64, as already unsqueezed to broadcast: the pattern starts there,
-    so ``unsqueeze(1)`` and ``unsqueeze(2)`` alike)."""
+    complex numbers times ``freqs`` (complex64 or complex128, as already unsqueezed to broadcast: the pattern
+    starts there, so ``unsqueeze(1)`` and ``unsqueeze(2)`` alike). With complex128 freqs the product and
+    ``view_as_real`` are float64 and ``type_as(x)`` is a real cast even for fp32 x (a form of its own)."""
     x_rotated = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
     return torch.view_as_real(x_rotated * freqs).flatten(3).type_as(x)
 
@@ -104,8 +120,18 @@ def _hidream(x, freqs_cis):
 def _ltx2_split(x, cos, sin):
     """LTX2's ``apply_split_rotary_emb`` (``rope_type="split"``, the released LTX-2 checkpoints), the branch
     real models take: q / k ``[B, T, C]`` reshaped to heads, per-head half tables ``[B, H, T, D/2]`` applied to
-    both halves: ``out[k] = x[k] c[k] - x[k+h] s[k]``, ``out[k+h] = x[k+h] c[k] + x[k] s[k]``."""
-    x_dtype = x.dtype
+    both halves: ``out[k] = x[k] c[k] - x[k+h] s[k]``, ``out[k+h] = x[k+h] c[k] + x[k] s[k]`` (the body is
+    :func:`_ltx2_split_heads`; traced, the two are one chain)."""
+    b, _, t, _ = cos.shape
+    return _ltx2_split_heads(x, cos, sin).reshape(b, t, -1).to(dtype=x.dtype)
+
+
+def _ltx2_split_heads(x, cos, sin):
+    """:func:`_ltx2_split` up to ``out.swapaxes(1, 2)`` (``[B, T, H, D]``): a form of its own for fp32 x. On
+    the inductor=True route the form's last ``reshape(b, t, -1)`` is gone: the attention's
+    ``unflatten(2, (heads, -1))`` right after it makes the two reshapes one, back to the shape the swapaxes
+    has, which Inductor drops as a no-op. (With bf16 / fp16 x the ``.to(x_dtype)`` sits between the two and
+    the whole form stays.)"""
     b, h, t, _ = cos.shape
     x = x.reshape(b, t, h, -1).swapaxes(1, 2)
     last = x.shape[-1]
@@ -121,8 +147,7 @@ def _ltx2_split(x, cos, sin):
     first_out.addcmul_(-sin_u, second_x)
     second_out.addcmul_(sin_u, first_x)
     out = out.reshape(*out.shape[:-2], last)
-    out = out.swapaxes(1, 2).reshape(b, t, -1)
-    return out.to(dtype=x_dtype)
+    return out.swapaxes(1, 2)
 
 
 # ---- replacements ------------------------------------------------------------------------------------
@@ -157,8 +182,9 @@ def _fused_wan(x, freqs_cos, freqs_sin):
 
 def _fused_complex(x, freqs):
     """``(a + ib)(c + id) = (ac - bd) + i(bc + ad)``: interleaved RoPE with cos = Re f and sin = Im f in both
-    positions of each pair. The tables are ``freqs``' size (``[B, S, 1, D]`` fp32 for Lumina2)."""
-    f = torch.view_as_real(freqs)
+    positions of each pair. The tables are ``freqs``' size (``[B, S, 1, D]`` fp32 for Lumina2); complex128
+    freqs are rounded to fp32 first (the op computes in fp32; see :func:`_complex_tables`)."""
+    f = torch.view_as_real(freqs).to(torch.float32)
     return _rope(x, _pairwise(f[..., 0]), _pairwise(f[..., 1]), True)
 
 
@@ -175,10 +201,17 @@ def _fused_ltx2_split(x, cos, sin):
     """Rotate-half RoPE on x viewed as ``[B, T, H, D]`` (no transpose: the tables are transposed instead, as
     views). The op takes full-width tables, so each half table is written twice (``cat``): a table as big as
     x in fp32 per site, the one copy this form costs."""
+    b, _, t, _ = cos.shape
+    return _fused_ltx2_split_heads(x, cos, sin).reshape(b, t, -1)
+
+
+def _fused_ltx2_split_heads(x, cos, sin):
+    """:func:`_fused_ltx2_split` without the last reshape: ``[B, T, H, D]``, the shape the matched swapaxes
+    has."""
     b, h, t, _ = cos.shape
     cos = torch.cat([cos, cos], dim=-1).transpose(1, 2)
     sin = torch.cat([sin, sin], dim=-1).transpose(1, 2)
-    return torch.ops.fusegraph.rope(x.reshape(b, t, h, -1), cos, sin, interleaved=False).reshape(b, t, -1)
+    return torch.ops.fusegraph.rope(x.reshape(b, t, h, -1), cos, sin, interleaved=False)
 
 
 # ---- checks ------------------------------------------------------------------------------------------
@@ -205,9 +238,19 @@ def _real_tables(match: Match):
 
 
 def _complex_tables(match: Match):
-    """complex64 ``freqs [..., D/2]`` -> fp32 ``[..., D]``."""
-    f = _val(match, "freqs")
-    if not _tensors(f) or f.dtype != torch.complex64 or f.is_conj():  # view_as_real needs the conj resolved
+    """complex64 / complex128 ``freqs [..., D/2]`` -> fp32 ``[..., D]``.
+
+    complex128 (Lumina2's tables everywhere but on MPS) makes the product float64; the op computes it in fp32
+    from fp32-rounded cos / sin, a couple of fp32 ulps from the float64 value. That is taken only where the
+    result is rounded to x's dtype anyway (``type_as(x)``: the match's output is in x's dtype); a float64
+    result that flows on stays unfused."""
+    f, x = _val(match, "freqs"), _val(match, "x")
+    if not _tensors(f, x) or f.dtype not in (torch.complex64, torch.complex128):
+        return None
+    if f.is_conj():  # view_as_real needs the conj resolved
+        return None
+    out = match.output_node().meta.get("val")
+    if not _tensors(out) or out.dtype != x.dtype:
         return None
     return (*f.shape[:-1], 2 * f.shape[-1]), torch.float32, f.device
 
@@ -231,6 +274,14 @@ def _split_tables(match: Match):
     if tuple(x.shape) != (b, t, h * 2 * r) or cos.dtype != sin.dtype or cos.device != sin.device:
         return None
     return tuple(x.shape), cos.dtype, cos.device
+
+
+def _split_heads_tables(match: Match):
+    """:func:`_split_tables`, and the matched output in x's dtype (the form has no cast: fp32 x only)."""
+    x, out = _val(match, "x"), match.output_node().meta.get("val")
+    if not _tensors(x, out) or out.dtype != x.dtype:
+        return None
+    return _split_tables(match)
 
 
 def _supported(match: Match, rank: int, tables=_real_tables) -> bool:
@@ -305,6 +356,63 @@ def split_shared_rope_inputs(graph: torch.fx.Graph) -> int:
     return copies
 
 
+_TABLE_OPS = (_aten.select.int, _aten.unsqueeze.default, _aten.neg.default)
+
+
+def _read_base(node):
+    """The tensor a chain of ``select`` / ``slice`` reads (x's pairs / halves: one x per RoPE instance)."""
+    while _is(node, _aten.select.int) or _is(node, _aten.slice.Tensor):
+        node = node.args[0]
+    return node
+
+
+def _table_instance(node: torch.fx.Node, user: torch.fx.Node):
+    """The RoPE instance ``user`` (a user of a table node: ``freqs_cis[..., k]``, ``cos.unsqueeze(-2)``,
+    ``-sin_u``) is in, named by the x it combines the table with; None when ``user`` is not such a use.
+
+    HiDream: ``freqs_cis[..., k] * x_[..., k]`` (x: ``x_``). LTX2 split: ``split_x * cos_u``,
+    ``addcmul(out[half], ±sin_u, split_x[other half])`` (x: ``split_x``). A table op (``-sin_u``) is in the
+    instance all its users are in."""
+    if _is(user, _aten.mul.Tensor) and len(user.args) == 2 and not user.kwargs:
+        a, b = user.args
+        other = b if a is node else a
+        return _read_base(other) if isinstance(other, torch.fx.Node) and other is not node else None
+    if _is(user, _aten.addcmul.default) and len(user.args) == 3 and user.args[1] is node:
+        other = user.args[2]
+        return _read_base(other) if isinstance(other, torch.fx.Node) and other is not node else None
+    if any(_is(user, target) for target in _TABLE_OPS) and user.users:
+        keys = {_table_instance(user, u) for u in user.users}
+        return keys.pop() if len(keys) == 1 else None
+    return None
+
+
+def split_shared_table_ops(graph: torch.fx.Graph) -> int:
+    """Freezing's CSE (inductor=True route) merges the table ops q's and k's RoPE compute alike — HiDream's
+    ``freqs_cis[..., 0]`` / ``[..., 1]``, LTX2 split's ``cos.unsqueeze(-2)``, ``sin.unsqueeze(-2)`` and
+    ``-sin_u`` — and a node shared by two matches blocks both. Each RoPE instance (see
+    :func:`_table_instance`) gets its own copy (a view or a table-sized negation), shared within the
+    instance as the form reads it; users that are no such use keep the original together. Nodes are visited
+    last first, so ``-sin_u`` is split before the ``sin_u`` it reads. Returns the number of copies made."""
+    copies = 0
+    for node in reversed(list(graph.nodes)):
+        if not any(_is(node, target) for target in _TABLE_OPS) or len(node.users) < 2:
+            continue
+        groups: dict = {}
+        rest = []
+        for user in node.users:
+            key = _table_instance(node, user)
+            (groups.setdefault(key, []) if key is not None else rest).append(user)
+        if len(groups) + bool(rest) < 2:
+            continue
+        for users in list(groups.values())[0 if rest else 1:]:
+            with graph.inserting_after(node):
+                copy = graph.node_copy(node)
+            for user in users:
+                user.replace_input_with(node, copy)
+            copies += 1
+    return copies
+
+
 # ---- registration ------------------------------------------------------------------------------------
 
 
@@ -333,8 +441,8 @@ def _checked_first(check, retrace_and_check, match: Match) -> bool:
 def register(pm: PatternMatcherPass, opts) -> None:
     """Registers the RoPE source forms, per x dtype (cos/sin fp32 or x's dtype), into ``pm``."""
     del opts  # the pass manager decides whether this family runs
-    # casts, table slices and buffers merged by freezing's CSE would block matches
-    prepare_before(pm, split_shared_casts, split_shared_rope_inputs)
+    # casts, table slices / views / negations and buffers merged by freezing's CSE would block matches
+    prepare_before(pm, split_shared_casts, split_shared_rope_inputs, split_shared_table_ops)
     # Traced as aot_autograd leaves the graph (views), and with views as reshapes: Inductor's freezing rewrites
     # every view so before its post-grad passes (where the fusion runs on the inductor=True route).
     for trace_fn in (fwd_functional, fwd_functional_reshape):
@@ -350,7 +458,11 @@ def register(pm: PatternMatcherPass, opts) -> None:
             reg(_diffusers_half, _fused_half, [x, *cs])
             x3 = torch.empty(2, 5, 16, dtype=x_dtype)  # LTX / LTX2: [B, S, C], cos/sin [B, S, C]
             reg(_ltx_interleaved, _fused_interleaved, [x3, torch.empty(2, 5, 16), torch.empty(2, 5, 16)])
-            reg(_complex, _fused_complex, [x, torch.empty(1, 5, 1, 8, dtype=torch.complex64)], _complex_tables)
+            for freqs_dtype in (torch.complex64, torch.complex128):  # c128: a cast at the end, even for fp32 x
+                freqs = torch.empty(1, 5, 1, 8, dtype=freqs_dtype)
+                reg(_complex, _fused_complex, [x, freqs], _complex_tables)
             reg(_hidream, _fused_hidream, [x, torch.empty(1, 5, 1, 8, 2, 2)], _hidream_tables)
             half = [torch.empty(2, 3, 5, 4) for _ in range(2)]  # [B, H, T, D/2] for x [B, T, H * D]
             reg(_ltx2_split, _fused_ltx2_split, [torch.empty(2, 5, 24, dtype=x_dtype), *half], _split_tables)
+        half = [torch.empty(2, 3, 5, 4) for _ in range(2)]
+        reg(_ltx2_split_heads, _fused_ltx2_split_heads, [torch.empty(2, 5, 24), *half], _split_heads_tables)
