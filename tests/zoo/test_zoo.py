@@ -9,6 +9,8 @@ no grad:
 - no graph-break regression: the backend's first call breaks the model into no more Dynamo graphs, and no more
   graph breaks, than the plain capture (a recording aot_autograd backend — graph breaks are Dynamo's, so this is
   what ``torch.compile(backend="inductor")`` gets too).
+On the default route, where plain Inductor itself is off eager beyond 1e-4 (AuraFlow's timestep embedding), the
+fused output is held to plain Inductor's instead (``inductor_deviation``).
 All failures of one case are reported together (numerics, counts, breaks), so one run gives the whole to-do list.
 
 bf16 (Flux, SD3.5, Wan): the fused model's max error against a float64 copy of the same bf16 model is no worse
@@ -84,6 +86,26 @@ def compare(tag: str, got, expected, problems: list, tol=TOL) -> None:
             problems.append(f"{tag} output {i}: {str(err).splitlines()[-3:]}")
 
 
+def inductor_deviation(model, kws, eagers, outs, problems) -> list:
+    """The default route hands the fused graph to Inductor, whose own codegen can deviate from eager beyond 1e-4
+    on a model (AuraFlow's sinusoidal timestep embedding at t ~ 1000: plain ``torch.compile`` is 1.1e-3 off eager,
+    and the blocks amplify it to 1.2e-2). Then fusion is held to what it adds: the fused output must match plain
+    Inductor's at 1e-4, and plain Inductor must itself be off eager (else the deviation is fusegraph's)."""
+    torch._dynamo.reset()
+    with torch.no_grad(), inductor_config.patch(fx_graph_cache=False):
+        plain = torch.compile(model)
+        refs = [plain(**kw) for kw in kws]
+    torch._dynamo.reset()
+    plain_vs_eager, vs_plain = [], []
+    for i, (ref, eager, out) in enumerate(zip(refs, eagers, outs)):
+        compare(f"call {i + 1}: plain Inductor vs eager", ref, eager, plain_vs_eager)
+        compare(f"call {i + 1}: fused vs plain Inductor", out, ref, vs_plain)
+    if not plain_vs_eager:
+        return problems  # Inductor matches eager: the deviation is fusegraph's
+    print(f"\n(plain Inductor itself deviates from eager: {plain_vs_eager[0]}; fused output compared with it)")
+    return vs_plain
+
+
 @pytest.mark.parametrize("name,route", list(_cases()))
 def test_zoo(name, route):
     sites, plain_graphs, plain_breaks = plain_capture(name)
@@ -104,6 +126,8 @@ def test_zoo(name, route):
     problems = []
     compare("call 1", out1, eager1, problems)
     compare("call 2 (fresh inputs)", out2, eager2, problems)
+    if problems and route == "default":
+        problems = inductor_deviation(model, (kw1, kw2), (eager1, eager2), (out1, out2), problems)
     fused = {k: backend.stats.patterns.get(k, 0) for k in FAMILIES}
     if fused != sites:
         diff = {k: f"sites {sites[k]} fused {fused[k]}" for k in FAMILIES if sites[k] != fused[k]}
