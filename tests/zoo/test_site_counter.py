@@ -87,12 +87,14 @@ HAND = {
     "SD3Transformer2DModel": dict(rms_norm=10, rope=0, adaln=9, gelu=3, mul_add=7),
     # 2 blocks: RMS across heads q/k of attn1 and attn2 = 4, RoPE q/k = 2, AdaLN norm1 + norm3 = 2 (norm2 is a
     # plain cross-attention LayerNorm), GELU ff 1, gated attn1 + ffn = 2 (cross-attn residual has no gate); plus
-    # norm_out AdaLN 1 and the text embedder's gelu_tanh 1.
-    "WanTransformer3DModel": dict(rms_norm=8, rope=4, adaln=5, gelu=3, mul_add=4),
+    # norm_out AdaLN 1 and the text embedder's gelu_tanh 1. mul_add: the 2 gated residuals of each of the 2 blocks
+    # = 4, plus each block's affine cross-attention norm2 (n * w + b) = 6.
+    "WanTransformer3DModel": dict(rms_norm=8, rope=4, adaln=5, gelu=3, mul_add=6),
     # 2 blocks (LayerNorm qk-norm: no RMS): RoPE q/k = 2, CogVideoXLayerNormZero norm1/norm2 modulate both streams
     # = 4 AdaLN, GELU ff 1, gated 4; norm_out AdaLN 1; the last block's text-stream ff residual is dead code
-    # (the output is the video stream), so aot_autograd drops it: 8 - 1 gated residuals.
-    "CogVideoXTransformer3DModel": dict(rms_norm=0, rope=4, adaln=9, gelu=2, mul_add=7),
+    # (the output is the video stream), so aot_autograd drops it: 8 - 1 gated residuals; plus the affine
+    # (n * w + b) of the LayerNorm q/k norms (2 per block = 4) and of norm_final (1): 12.
+    "CogVideoXTransformer3DModel": dict(rms_norm=0, rope=4, adaln=9, gelu=2, mul_add=12),
     # 2 layers + noise refiner + context refiner = 4 blocks, each RMS q/k + norm1/ffn_norm1/norm2/ffn_norm2 = 6,
     # plus the caption embedder's RMSNorm = 25; RoPE q/k in all 4 = 8; no AdaLN (RMS-based modulation, norm_out
     # has no shift); gated residuals (tanh gate) in the 3 modulated blocks = 6; SiLU-gated FF, no GELU.
