@@ -1,6 +1,7 @@
 """RMSNorm fusion (SPEC §3): torch.nn.RMSNorm / F.rms_norm (eps fp32-rounded), diffusers RMSNorm (weight in x's
 dtype or fp32, with and without bias, without weight), Wan's across-heads norm -> one fusegraph.rms_norm each,
-with the source's output dtype; lookalikes stay unfused."""
+with the source's output dtype, also where freezing's CSE merged norms of one input (default route, LuminaNext);
+lookalikes stay unfused."""
 import pytest
 import torch
 import torch.nn as nn
@@ -194,4 +195,105 @@ def test_returned_intermediate_keeps_the_graph_outputs():
     x, w = torch.randn(3, 24), torch.randn(24)
     b, out, eager = compile_and_run(f, x, w, inductor=False)
     assert fused(b, "rms_norm") <= 1
+    assert_matches(out, eager)
+
+
+# --- norms of one input sharing their core (freezing's CSE on the default route: LuminaNext) -----------------
+
+
+class NormsOfOneInput(nn.Module):
+    """Several RMSNorms, one eps, different (random) weights, all of the same input: LuminaNext's
+    ``norm1_context`` in every block normalizes the same ``encoder_hidden_states``. Freezing's CSE merges
+    their ``x * rsqrt(mean(x^2) + eps)`` (the weights are not part of it) into one core that every
+    ``* weight`` reads; ``plain``: a weightless norm of the input too (it is the core itself)."""
+
+    def __init__(self, form, dim, n=2, plain=False, dtype=torch.float32, w_dtype=None):
+        super().__init__()
+        make = {"diffusers": lambda: RMSNorm(dim, eps=1e-5), "torch": lambda: nn.RMSNorm(dim, eps=1e-5),
+                "mochi": lambda: MochiRMSNorm(dim, eps=1e-5)}[form]
+        self.norms = nn.ModuleList(randomize(make(), 0.5, 1.0).to(w_dtype or dtype) for _ in range(n))
+        self.plain = RMSNorm(dim, eps=1e-5, elementwise_affine=False) if plain else None
+
+    def forward(self, x):
+        outs = tuple(norm(x) for norm in self.norms)
+        return outs + (self.plain(x),) if self.plain is not None else outs
+
+
+SHARED_CORE_CASES = {  # id: (form, x dtype, weight dtype, norms, plain)
+    "diffusers-fp32": ("diffusers", torch.float32, None, 2, False),  # LuminaNext
+    "diffusers-bf16": ("diffusers", torch.bfloat16, None, 2, False),  # one shared .to(weight.dtype) too
+    "diffusers-bf16-fp32w": ("diffusers", torch.bfloat16, torch.float32, 2, False),
+    "torch-bf16": ("torch", torch.bfloat16, None, 2, False),
+    "mochi-fp16": ("mochi", torch.float16, None, 2, False),
+    "diffusers-fp32-three-and-plain": ("diffusers", torch.float32, None, 3, True),
+}
+
+
+@pytest.mark.parametrize("case", list(SHARED_CORE_CASES), ids=list(SHARED_CORE_CASES))
+def test_norms_sharing_their_core_fuse_on_default_route(case):
+    """The default route (``CompilationConfig()``: Inductor, freezing and its CSE before the fusion pass):
+    every norm fuses with its own weight, as on the aten route (split_shared_rms_cores gives each weight
+    product its own copy of the core). Before, the shared core fused as one weightless norm and the weight
+    products stayed: one site lost per extra norm."""
+    form, dtype, w_dtype, n, plain = SHARED_CORE_CASES[case]
+    torch.manual_seed(0)
+    m = NormsOfOneInput(form, 32, n, plain, dtype, w_dtype).eval()
+    x = torch.randn(2, 7, 32, dtype=dtype)
+    b, out, eager = compile_and_run(m, x)
+    assert b.config.inductor and b.config.enable_freezing
+    sites = n + plain
+    assert b.stats.patterns["rms_norm"] == sites and fused(b, "rms_norm") == sites, b.stats.patterns
+    assert_matches(out, eager, scale=4.0, ref64=double(m, x))
+
+
+def test_split_shared_rms_cores_copies_per_weight_product():
+    """The preparation step on a graph with one shared core (as after CSE), traced as aot_autograd traces:
+    each weight product gets its own chain, the core's other user (returned as it is) keeps the original,
+    and the graph computes exactly the same; likewise two cores reading one rsqrt. One norm whose core is
+    also read raw, and a lookalike core (mean over another dim), are left as they are."""
+    from fusegraph.fusion.patterns._prepare import split_shared_rms_cores
+    from fusegraph.fusion.patterns._trace import fwd_functional
+
+    def shared(x, w1, w2):
+        n = x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5)
+        return n * w1, w2 * n, n
+
+    def shared_other_dim(x, w1, w2):
+        n = x * torch.rsqrt(x.float().pow(2).mean(1, keepdim=True) + 1e-5)
+        return n * w1, n * w2
+
+    def shared_rsqrt(x, w1, w2):
+        """One rsqrt read by two cores (CSE stopped there): a core with a weight, one without."""
+        r = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5)
+        return (x * r) * w1, x * r
+
+    def returned_core(x, w1, w2):
+        """One norm whose normalised value is also returned: left as it is."""
+        n = x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5)
+        return n, n * w1
+
+    def rsqrts(gm):
+        return [n for n in gm.graph.nodes if n.op == "call_function" and n.target == torch.ops.aten.rsqrt.default]
+
+    args = [torch.randn(3, 5, 16), torch.randn(16), torch.randn(16)]
+    for fn, copies in ((shared, 2), (shared_rsqrt, 1), (returned_core, 0), (shared_other_dim, 0)):
+        gm = fwd_functional(fn, args)
+        assert len(rsqrts(gm)) == 1
+        assert split_shared_rms_cores(gm.graph) == copies
+        assert len(rsqrts(gm)) == 1 + copies
+        gm.graph.lint()
+        gm.recompile()
+        for a, e in zip(gm(*args), fn(*args)):
+            torch.testing.assert_close(a, e, rtol=0, atol=0)
+
+
+def lookalike_shared_core_other_dim(x, w1, w2):
+    n = x * torch.rsqrt(x.pow(2).mean(1, keepdim=True) + 1e-5)
+    return n * w1, n * w2
+
+
+def test_shared_lookalike_core_stays_unfused_on_default_route():
+    x, w1, w2 = torch.randn(2, 16, 16), torch.randn(16), torch.randn(16)
+    b, out, eager = compile_and_run(lookalike_shared_core_other_dim, x, w1, w2)
+    assert b.stats.patterns["rms_norm"] == 0 and fused(b, "rms_norm") == 0
     assert_matches(out, eager)

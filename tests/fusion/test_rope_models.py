@@ -1,7 +1,7 @@
 """RoPE in real models beyond Flux / Wan (SPEC §3): tiny diffusers Lumina2, Z-Image, QwenImage (complex form),
 LTX and LTX2 (rank-3 x; LTX2 also its split form), HiDream (2x2 matrices) and HunyuanVideo 1.5 (use_real,
-sequence_dim=1), random weights, fp32, through the fusegraph Backend (inductor=False; Lumina2, HiDream and LTX2
-split also on the default route, ``Backend(CompilationConfig())``: Inductor, freezing on): every RoPE site fuses
+sequence_dim=1) and Mochi (strided even / odd halves, per-pair tables), random weights, fp32, through the fusegraph
+Backend (inductor=False; Lumina2, HiDream, LTX2 split and Mochi also on the default route, ``Backend(CompilationConfig())``: Inductor, freezing on): every RoPE site fuses
 and the output matches eager.
 
 Expected counts are read off each model's source: the attention processors that apply RoPE, times the q / k
@@ -9,11 +9,12 @@ Expected counts are read off each model's source: the attention processors that 
 import pytest
 import torch
 from diffusers import (HiDreamImageTransformer2DModel, HunyuanVideo15Transformer3DModel, Lumina2Transformer2DModel,
-                       LTX2VideoTransformer3DModel, LTXVideoTransformer3DModel, QwenImageTransformer2DModel,
-                       ZImageTransformer2DModel)
+                       LTX2VideoTransformer3DModel, LTXVideoTransformer3DModel, MochiTransformer3DModel,
+                       QwenImageTransformer2DModel, ZImageTransformer2DModel)
 from diffusers.models.transformers.transformer_hidream_image import HiDreamAttention
 from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15TransformerBlock
 from diffusers.models.transformers.transformer_lumina2 import Lumina2TransformerBlock
+from diffusers.models.transformers.transformer_mochi import MochiTransformerBlock
 from diffusers.models.transformers.transformer_ltx import LTXVideoTransformerBlock
 from diffusers.models.transformers.transformer_ltx2 import LTX2VideoTransformerBlock
 from diffusers.models.transformers.transformer_qwenimage import QwenImageTransformerBlock
@@ -159,3 +160,21 @@ def test_hunyuan_video15():
                   image_embeds=torch.randn(B, 3, 12))
     assert count(model, HunyuanVideo15TransformerBlock) == 2
     check(model, inputs, 2, ATEN)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_mochi(route):
+    """MochiAttnProcessor2_0: its nested apply_rotary_emb on q and k of every block (x [B, S, H, D] after
+    unflatten(2, (heads, -1)), tables [S, H, D/2]). The processor has graph breaks, so apply_rotary_emb runs
+    as a frame of its own: Dynamo compiles it once and reuses it for
+    q and k in every block — one site in the compiled graphs (stats count per graph), as the zoo's counter
+    finds (tests.zoo.site_counter.count_model: rope 1)."""
+    model = randomize(MochiTransformer3DModel(
+        patch_size=2, num_attention_heads=2, attention_head_dim=8, num_layers=2, pooled_projection_dim=16,
+        in_channels=4, out_channels=None, qk_norm="rms_norm", text_embed_dim=16, time_embed_dim=4,
+        activation_fn="swiglu", max_sequence_length=8))
+    assert count(model, MochiTransformerBlock) == 2  # 4 applications, one compiled frame
+    B = 1
+    inputs = dict(hidden_states=torch.randn(B, 4, 2, 8, 8), encoder_hidden_states=torch.randn(B, 8, 16),
+                  timestep=torch.tensor([500]), encoder_attention_mask=torch.ones(B, 8, dtype=torch.bool))
+    check(model, inputs, 1, route)

@@ -634,3 +634,115 @@ def test_rope_sharing_after_cse_fuses_on_default_route(dtype, form):
     b, out, eager = compile_and_run(fn, q, k, *tables)
     assert b.stats.patterns["rope"] == 2 and fused(b, "rope") == 2
     assert_matches(out, eager, scale=4.0, ref64=double(fn, q, k, *tables))
+
+
+# --- Mochi: strided even / odd halves, per-pair tables [S, H, D/2], stacked back ---------------------------
+
+
+def mochi_rope(x, freqs_cos, freqs_sin):
+    """Verbatim the nested apply_rotary_emb of diffusers' MochiAttnProcessor2_0 (attention_processor.py)."""
+    x_even = x[..., 0::2].float()
+    x_odd = x[..., 1::2].float()
+
+    cos = (x_even * freqs_cos - x_odd * freqs_sin).to(x.dtype)
+    sin = (x_even * freqs_sin + x_odd * freqs_cos).to(x.dtype)
+
+    return torch.stack([cos, sin], dim=-1).flatten(-2)
+
+
+def mochi_rope_qk(q, k, freqs_cos, freqs_sin):
+    """The processor's two calls, q and k with the same tables (one graph here; in the model a graph break
+    makes the function a frame of its own, compiled once)."""
+    return mochi_rope(q, freqs_cos, freqs_sin), mochi_rope(k, freqs_cos, freqs_sin)
+
+
+def mochi_ref64(x, freqs_cos, freqs_sin):
+    """The rotation of each pair (x[2i], x[2i+1]) by (c_i, s_i), float64."""
+    x = x.double().unflatten(-1, (-1, 2))
+    c, s = freqs_cos.double(), freqs_sin.double()
+    return torch.stack([x[..., 0] * c - x[..., 1] * s, x[..., 0] * s + x[..., 1] * c], dim=-1).flatten(-2)
+
+
+MOCHI_CHAIN = ("aten.slice.Tensor", "aten.cat.default", "aten.sub.Tensor")
+
+
+@pytest.mark.parametrize("route", [dict(inductor=False), {}], ids=["aten", "default"])
+@pytest.mark.parametrize("tables_dtype", ["fp32", "x"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_mochi_rope_fuses(dtype, tables_dtype, route, error_logs):
+    """x [B, S, H, D] (after the processor's unflatten(2, (heads, -1))), random per-pair tables [S, H, D/2]
+    (fp32, as MochiRoPE builds them, or in x's dtype); q and k: two sites. The default route
+    (``CompilationConfig()``: Inductor, freezing on) too."""
+    torch.manual_seed(0)
+    B, S, H, D = 2, 6, 3, 16
+    q, k = torch.randn(B, S, H, D, dtype=dtype), torch.randn(B, S, H, D, dtype=dtype)
+    cos, sin = (torch.randn(S, H, D // 2) for _ in range(2))
+    if tables_dtype == "x":
+        cos, sin = cos.to(dtype), sin.to(dtype)
+    b, out, eager = compile_and_run(mochi_rope_qk, q, k, cos, sin, **route)
+    assert b.stats.patterns["rope"] == 2 and fused(b, "rope") == 2, b.stats.patterns
+    assert b.stats.patterns["mul_add"] == 0  # nothing of the RoPE left for mul_add
+    assert_ops_gone(b, *MOCHI_CHAIN)
+    assert_matches(out, eager, scale=4.0, ref64=(mochi_ref64(q, cos, sin), mochi_ref64(k, cos, sin)))
+    assert not error_logs, [r.getMessage() for r in error_logs]
+
+
+def test_mochi_ref64_is_the_source():
+    """The float64 reference above is Mochi's function (run in float64), so the test compares with the
+    source's math, not with the op's idea of it."""
+    x, cos, sin = torch.randn(2, 5, 2, 8), torch.randn(5, 2, 4), torch.randn(5, 2, 4)
+    torch.testing.assert_close(mochi_ref64(x, cos, sin), double(mochi_rope, x, cos, sin), rtol=1e-12, atol=1e-12)
+
+
+def lookalike_mochi_wrong_sign(x, freqs_cos, freqs_sin):
+    """The conjugate rotation: + where the source has -, - where it has +."""
+    x_even, x_odd = x[..., 0::2].float(), x[..., 1::2].float()
+    cos = (x_even * freqs_cos + x_odd * freqs_sin).to(x.dtype)
+    sin = (x_even * freqs_sin - x_odd * freqs_cos).to(x.dtype)
+    return torch.stack([cos, sin], dim=-1).flatten(-2)
+
+
+def lookalike_mochi_even_odd_swapped(x, freqs_cos, freqs_sin):
+    x_even, x_odd = x[..., 1::2].float(), x[..., 0::2].float()
+    cos = (x_even * freqs_cos - x_odd * freqs_sin).to(x.dtype)
+    sin = (x_even * freqs_sin + x_odd * freqs_cos).to(x.dtype)
+    return torch.stack([cos, sin], dim=-1).flatten(-2)
+
+
+def lookalike_mochi_outputs_swapped(x, freqs_cos, freqs_sin):
+    """The two results written back in the other order (the sin part at even positions)."""
+    x_even, x_odd = x[..., 0::2].float(), x[..., 1::2].float()
+    cos = (x_even * freqs_cos - x_odd * freqs_sin).to(x.dtype)
+    sin = (x_even * freqs_sin + x_odd * freqs_cos).to(x.dtype)
+    return torch.stack([sin, cos], dim=-1).flatten(-2)
+
+
+def lookalike_mochi_halves(x, freqs_cos, freqs_sin):
+    """Stacked along a new first-of-pair dim the other way round: halves, not pairs (rotate-half layout of
+    interleaved reads)."""
+    x_even, x_odd = x[..., 0::2].float(), x[..., 1::2].float()
+    cos = (x_even * freqs_cos - x_odd * freqs_sin).to(x.dtype)
+    sin = (x_even * freqs_sin + x_odd * freqs_cos).to(x.dtype)
+    return torch.stack([cos, sin], dim=-2).flatten(-2)
+
+
+@pytest.mark.parametrize("route", [dict(inductor=False), {}], ids=["aten", "default"])
+@pytest.mark.parametrize("fn", [lookalike_mochi_wrong_sign, lookalike_mochi_even_odd_swapped,
+                                lookalike_mochi_outputs_swapped, lookalike_mochi_halves])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mochi_lookalikes_stay_unfused(fn, dtype, route, error_logs):
+    x = torch.randn(2, 5, 2, 8, dtype=dtype)
+    cos, sin = torch.randn(5, 2, 4), torch.randn(5, 2, 4)
+    b, out, eager = compile_and_run(fn, x, cos, sin, **route)
+    assert b.stats.patterns["rope"] == 0 and fused(b, "rope") == 0
+    assert_matches(out, eager)
+    assert not error_logs, [r.getMessage() for r in error_logs]
+
+
+def test_mochi_rope_other_table_shapes():
+    """Tables that broadcast over the heads ([S, 1, D/2]) fuse too."""
+    x = torch.randn(2, 5, 3, 8)
+    cos, sin = torch.randn(5, 1, 4), torch.randn(5, 1, 4)
+    b, out, eager = compile_and_run(mochi_rope, x, cos, sin, inductor=False)
+    assert fused(b, "rope") == 1
+    assert_matches(out, eager, ref64=mochi_ref64(x, cos, sin))

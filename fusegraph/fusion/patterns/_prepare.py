@@ -10,6 +10,12 @@ make real models miss fusions:
   RMSNorm — share it); all other users keep the original together, so patterns that read one upcast in
   several ops (a GELU) are left as they are.
   Casts are pure and cheap; Inductor re-merges whatever ends up unfused.
+* **CSE of whole RMSNorm cores.** Two RMSNorms of the same input with the same eps and different weights
+  (LuminaNext: every block's ``norm1_context`` normalizes the same ``encoder_hidden_states``) become one
+  ``x * rsqrt(mean(x^2) + eps)`` whose result two ``* weight`` products read. The weightless form then fused
+  that shared core and left both products unfused: one fused site for two norms. :func:`split_shared_rms_cores`
+  gives each weight product its own copy of the core again (the aten route never had the sharing, so both
+  routes fuse the same norms).
 * **One norm, two modulations** (SD35AdaLayerNormZeroX): handled in ``adaln.unshare_norms``.
 """
 from __future__ import annotations
@@ -75,6 +81,108 @@ def split_shared_casts(graph: torch.fx.Graph) -> int:
                 copy = graph.node_copy(node)
             for user in users:
                 user.replace_input_with(node, copy)
+            copies += 1
+    return copies
+
+
+def _over_last_dim(mean: torch.fx.Node) -> bool:
+    """``mean(t, [-1] | [t.dim() - 1], keepdim=True)``."""
+    val = mean.args[0].meta.get("val") if isinstance(mean.args[0], torch.fx.Node) else None
+    dims = mean.args[1] if len(mean.args) > 1 else None
+    keepdim = mean.args[2] if len(mean.args) > 2 else mean.kwargs.get("keepdim", False)
+    if not isinstance(val, torch.Tensor) or not isinstance(dims, (list, tuple)) or len(dims) != 1 or not keepdim:
+        return False
+    return dims[0] in (-1, val.dim() - 1)
+
+
+def _rms_chain(rsqrt: torch.fx.Node):
+    """``[pow, mean, add, rsqrt]`` when ``rsqrt`` is an RMSNorm's ``rsqrt(mean(pow(x', 2), [-1]) + eps)``
+    whose inner nodes have no user but the next node of the chain; else None."""
+    if not _is(rsqrt, _aten.rsqrt.default):
+        return None
+    chain = [rsqrt]
+    node = rsqrt.args[0]
+    for targets in ((_aten.add.Tensor, _aten.add.Scalar), (_aten.mean.dim,), (_aten.pow.Tensor_Scalar,)):
+        if not any(_is(node, t) for t in targets) or len(node.users) != 1:
+            return None
+        chain.append(node)
+        node = node.args[0]
+    pow_, mean = chain[-1], chain[-2]
+    if pow_.args[1] != 2 or not _over_last_dim(mean):
+        return None  # not an RMSNorm: copies would only duplicate work
+    return chain[::-1]
+
+
+def _is_core(user: torch.fx.Node, rsqrt: torch.fx.Node, pow_in) -> bool:
+    """``user`` is ``mul(x, rsqrt)`` with ``pow_in`` x or x's upcast: the normalised value."""
+    if not _is(user, _aten.mul.Tensor) or len(user.args) != 2 or user.kwargs or user.args[1] is not rsqrt:
+        return False
+    x = user.args[0]
+    return pow_in is x or (_is(pow_in, _CONVERT) and pow_in.args[0] is x)
+
+
+def _weight_product(tail: torch.fx.Node, user: torch.fx.Node) -> bool:
+    """``user`` multiplies the norm's output by a 1-D tensor (a norm weight), in either order."""
+    if not _is(user, _aten.mul.Tensor) or len(user.args) != 2 or user.kwargs:
+        return False
+    a, b = user.args
+    other = b if a is tail else a
+    if other is tail or not isinstance(other, torch.fx.Node):
+        return False
+    val = other.meta.get("val")
+    return isinstance(val, torch.Tensor) and val.dim() == 1
+
+
+def _rms_instances(rsqrt: torch.fx.Node, pow_in):
+    """The norms that read ``rsqrt``, each as ``(nodes after rsqrt to copy, consumers, node they read)``, and
+    whether ``rsqrt`` has other users. A core ``mul(x, rsqrt)`` is one norm, unless two or more weight
+    products read it (through its single downcast, if any): then each product is one, and the core's
+    other users together one more. (One product and a raw read of one core is one norm whose intermediate
+    is also used, as a source may write it: left as it is.)"""
+    instances, others = [], False
+    for core in list(rsqrt.users):
+        if not _is_core(core, rsqrt, pow_in):
+            others = True
+            continue
+        path = [core]
+        while len(path[-1].users) == 1 and _is(next(iter(path[-1].users)), _CONVERT):
+            path.append(next(iter(path[-1].users)))
+        tail = path[-1]
+        products = [u for u in tail.users if _weight_product(tail, u)]
+        if len(products) < 2:
+            instances.append(([], [core], rsqrt))
+            continue
+        instances.extend((path, [p], tail) for p in products)
+        rest = [u for u in tail.users if u not in products]
+        if rest:
+            instances.append((path, rest, tail))
+    return instances, others
+
+
+def split_shared_rms_cores(graph: torch.fx.Graph) -> int:
+    """Freezing's CSE merges RMSNorms of one input with one eps: one ``pow`` ... ``rsqrt`` read by several
+    cores ``x * rsqrt``, or one core read by each norm's ``* weight`` (also through one shared downcast,
+    diffusers' ``.to(weight.dtype)``). Each norm (see :func:`_rms_instances`) but the first gets its own
+    copy of the chain, inserted just before its first consumer; if the ``rsqrt`` has users that are no
+    norm, those keep the original and every norm gets a copy. The input's upcast is not copied
+    (:func:`split_shared_casts`, run after this, splits it per norm). Returns the number of copies made.
+    The graph's outputs and every value are unchanged."""
+    copies = 0
+    for rsqrt in list(graph.nodes):
+        chain = _rms_chain(rsqrt)
+        if chain is None:
+            continue
+        instances, others = _rms_instances(rsqrt, chain[0].args[0])
+        if len(instances) + others < 2:
+            continue
+        for path, consumers, read in instances[0 if others else 1:]:
+            env: dict = {}
+            first = next(n for n in graph.nodes if n in consumers)
+            with graph.inserting_before(first):
+                for n in chain + path:
+                    env[n] = graph.node_copy(n, lambda a: env.get(a, a))
+            for consumer in consumers:
+                consumer.replace_input_with(read, env[read])
             copies += 1
     return copies
 

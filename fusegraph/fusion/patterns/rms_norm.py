@@ -11,6 +11,13 @@ Source forms (each traced with Inductor's decompositions, exactly as the model's
   the cast before it (fp32 times a bf16/fp16 weight promotes to fp32), then one cast to ``x.dtype``: exactly
   ``torch.rms_norm``'s math, so ``style="torch"``. For fp32 x it traces to the diffusers fp32-weight form.
 
+Norms of one input (default inductor=True route): freezing's CSE merges RMSNorms that read the same input
+with the same eps (LuminaNext: every block's ``norm1_context`` normalizes the same ``encoder_hidden_states``)
+into one ``x * rsqrt(mean(x^2) + eps)`` that each norm's ``* weight`` reads (or one ``rsqrt`` that several
+``x * rsqrt`` read). The matcher refuses a match whose inner nodes have outside users, so only the weightless
+form matched, on the shared core: one fused norm, the weight products left, where the aten route (no CSE)
+fuses every norm. ``_prepare.split_shared_rms_cores`` gives each norm its own chain again before matching.
+
 eps is captured from the graph (``scalar_workaround``), never baked in: it arrives fp32-rounded from
 ``nn.RMSNorm`` (e.g. 9.999999974752427e-07). Ints, dtypes and shapes are ignored by the first, coarse match
 and checked exactly by ``register_replacement``'s re-trace on the match's own shapes, so a mean over another
@@ -23,7 +30,7 @@ import functools
 import torch
 from torch._inductor.pattern_matcher import Match, PatternMatcherPass, register_replacement
 
-from ._prepare import prepare_before, split_shared_casts
+from ._prepare import prepare_before, split_shared_casts, split_shared_rms_cores
 from ._trace import fwd_functional
 
 # A value no real graph holds, exactly representable in fp32 (torch.rms_norm rounds eps to fp32): every
@@ -137,7 +144,9 @@ def _examples(x_dtype, w_dtype, n_tensors):
 def register(pm: PatternMatcherPass, opts) -> None:
     """Registers every RMSNorm source form, per dtype combination, into ``pm``."""
     del opts  # the pass manager decides whether this family runs; nothing here depends on its options
-    prepare_before(pm, split_shared_casts)  # casts merged by freezing's CSE would block matches
+    # norm cores and casts merged by freezing's CSE would block matches (cores first: their copies read the
+    # input's upcast, which split_shared_casts then gives each norm)
+    prepare_before(pm, split_shared_rms_cores, split_shared_casts)
     reg = functools.partial(
         register_replacement,
         trace_fn=fwd_functional,

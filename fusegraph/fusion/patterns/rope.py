@@ -17,6 +17,14 @@ Source forms:
   interleaved RoPE with per-pair angles, so it becomes ``rope(x, C, S, interleaved=True)`` where ``C`` repeats
   each even-position cos twice and ``S`` each odd-position sin twice (exact for any freqs, not only for the
   repeat-interleaved tables Wan builds). ``C``/``S`` are tiny (``[1, S, 1, D]``).
+* Mochi's ``apply_rotary_emb`` (nested in ``MochiAttnProcessor2_0``): ``x_even = x[..., 0::2].float()``,
+  ``x_odd = x[..., 1::2].float()``, ``cos = (x_even * freqs_cos - x_odd * freqs_sin).to(x.dtype)``,
+  ``sin = (x_even * freqs_sin + x_odd * freqs_cos).to(x.dtype)``, ``stack([cos, sin], -1).flatten(-2)``. That is
+  interleaved RoPE with per-pair tables (``[S, H, D/2]`` for x ``[B, S, H, D]`` after ``unflatten(2, (heads,
+  -1))``): ``rope(x, pairwise(freqs_cos), pairwise(freqs_sin), interleaved=True)``, the tables repeated into
+  both positions of each pair as broadcast views. In fp32 the casts are no-ops and leave the graph; with
+  bf16 / fp16 x both results are rounded to x's dtype once, as the op rounds. Before, the rope family had no
+  such form and the mul_add family fused one of its two ``x * c ± y * s`` halves.
 * the complex form, ``apply_rotary_emb(x, freqs_cis, use_real=False)`` (Lumina2) and the copies in Z-Image and
   QwenImage (``apply_rotary_emb_qwen(use_real=False)``): ``view_as_complex(x.float().reshape(..., -1, 2)) *
   freqs`` → ``view_as_real`` → flatten → ``type_as(x)``. The complex product is interleaved RoPE with
@@ -38,7 +46,9 @@ Source forms:
 Sharing left by freezing's CSE (the default inductor=True route runs it before the fusion pass): the matcher
 refuses a match whose inner nodes have users outside it, and q's and k's RoPE compute the same table ops.
 Before matching, each RoPE instance gets its own copy again: Wan's strided table slices and ``empty_like``
-buffer (:func:`split_shared_rope_inputs`); HiDream's ``freqs_cis[..., 0]`` / ``[..., 1]`` selects and LTX2
+buffer (:func:`split_shared_rope_inputs`; a strided slice read by products that are no Wan table use —
+Mochi's fp32 ``x[..., 0::2]``, read by ``* freqs_cos`` and ``* freqs_sin`` — is left whole: a copy per
+product used to block Mochi's match in fp32); HiDream's ``freqs_cis[..., 0]`` / ``[..., 1]`` selects and LTX2
 split's ``cos.unsqueeze(-2)``, ``sin.unsqueeze(-2)`` and ``-sin_u`` (:func:`split_shared_table_ops`, users
 grouped by the x they combine the table with). Views, selects and table-sized negations: cheap (Inductor
 re-merges copies that stay unfused; the aten route keeps them, a table-sized negation at most).
@@ -99,6 +109,18 @@ def _wan(x, freqs_cos, freqs_sin):
     out[..., 0::2] = x1 * cos - x2 * sin
     out[..., 1::2] = x1 * sin + x2 * cos
     return out.type_as(x)
+
+
+def _mochi(x, freqs_cos, freqs_sin):
+    """Mochi's ``apply_rotary_emb`` (nested in ``MochiAttnProcessor2_0``): strided even / odd halves, per-pair
+    tables ``[..., D/2]``, results stacked back pairwise: ``out[2i] = x[2i] c[i] - x[2i+1] s[i]``,
+    ``out[2i+1] = x[2i] s[i] + x[2i+1] c[i]``. In fp32 the ``.float()`` / ``.to(x.dtype)`` casts are no-ops
+    and leave the graph (one form per x dtype, as every form here)."""
+    x_even = x[..., 0::2].float()
+    x_odd = x[..., 1::2].float()
+    cos = (x_even * freqs_cos - x_odd * freqs_sin).to(x.dtype)
+    sin = (x_even * freqs_sin + x_odd * freqs_cos).to(x.dtype)
+    return torch.stack([cos, sin], dim=-1).flatten(-2)
 
 
 def _complex(x, freqs):
@@ -180,6 +202,12 @@ def _fused_wan(x, freqs_cos, freqs_sin):
     return _rope(x, cos, sin, True)
 
 
+def _fused_mochi(x, freqs_cos, freqs_sin):
+    """Interleaved RoPE with each per-pair cos / sin in both positions of its pair (tables ``[..., D]``, views
+    of the ``[..., D/2]`` ones broadcast in the op: nothing is written)."""
+    return _rope(x, _pairwise(freqs_cos), _pairwise(freqs_sin), True)
+
+
 def _fused_complex(x, freqs):
     """``(a + ib)(c + id) = (ac - bd) + i(bc + ad)``: interleaved RoPE with cos = Re f and sin = Im f in both
     positions of each pair. The tables are ``freqs``' size (``[B, S, 1, D]`` fp32 for Lumina2); complex128
@@ -235,6 +263,15 @@ def _real_tables(match: Match):
     if not _tensors(cos, sin) or cos.shape != sin.shape or cos.dtype != sin.dtype or cos.device != sin.device:
         return None
     return tuple(cos.shape), cos.dtype, cos.device
+
+
+def _pair_tables(match: Match):
+    """Mochi: per-pair tables ``[..., D/2]`` (one shape, dtype and device) -> ``[..., D]``."""
+    cos, sin = _val(match, "freqs_cos"), _val(match, "freqs_sin")
+    if not _tensors(cos, sin) or cos.dim() < 1 or cos.shape != sin.shape or cos.dtype != sin.dtype \
+            or cos.device != sin.device:
+        return None
+    return (*cos.shape[:-1], 2 * cos.shape[-1]), cos.dtype, cos.device
 
 
 def _complex_tables(match: Match):
@@ -321,7 +358,11 @@ def _only_user(node, target):
 
 
 def _wan_group(node: torch.fx.Node, user: torch.fx.Node):
-    """Which Wan RoPE instance ``user`` (a user of a shared ``freqs[..., k::2]`` slice or ``empty``) is in."""
+    """Which Wan RoPE instance ``user`` (a user of a shared ``freqs[..., k::2]`` slice or ``empty``) is in.
+
+    A ``mul`` by anything but one of x's pairs (``unbind``) is no Wan table use: all such users stay on one
+    node (None). Mochi's RoPE reads its own ``x[..., 0::2]`` (fp32 x: no cast in between) in two products,
+    ``x_even * freqs_cos`` and ``x_even * freqs_sin``; a copy per product would block that match."""
     if _is(node, _aten.empty.memory_format):
         if _is(user, _aten.slice_scatter.default):
             return user
@@ -332,6 +373,7 @@ def _wan_group(node: torch.fx.Node, user: torch.fx.Node):
         other = user.args[0] if user.args[1] is node else user.args[1]
         if _is(other, operator.getitem) and _is(other.args[0], _aten.unbind.int):
             return other.args[0]
+        return None
     return user
 
 
@@ -456,6 +498,8 @@ def register(pm: PatternMatcherPass, opts) -> None:
             reg(_wan, _fused_wan, [x, *cs])
             reg(_diffusers_interleaved, _fused_interleaved, [x, *cs])
             reg(_diffusers_half, _fused_half, [x, *cs])
+            # Mochi: x [B, S, H, D] (after unflatten(2, (heads, -1))), per-pair tables [S, H, D/2]
+            reg(_mochi, _fused_mochi, [x, *(torch.empty(5, 3, 8) for _ in range(2))], _pair_tables)
             x3 = torch.empty(2, 5, 16, dtype=x_dtype)  # LTX / LTX2: [B, S, C], cos/sin [B, S, C]
             reg(_ltx_interleaved, _fused_interleaved, [x3, torch.empty(2, 5, 16), torch.empty(2, 5, 16)])
             for freqs_dtype in (torch.complex64, torch.complex128):  # c128: a cast at the end, even for fp32 x
