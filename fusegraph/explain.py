@@ -57,7 +57,7 @@ class Site:
     torch, outermost first (``file:line in function``)."""
 
     family: str
-    status: str  # "fused" | "unfused"
+    status: str  # "fused" | "unfused" | "no site" (a candidate op that is no site of the family: a plain LayerNorm)
     op: str  # the fused op (fusegraph.rms_norm) or the candidate's anchor (rsqrt, var_mean, tanh, ...)
     file: Optional[str] = None
     line: Optional[int] = None
@@ -113,7 +113,8 @@ class ExplainReport:
         return [s for s in self.sites if s.status == "unfused" and family in (None, s.family)]
 
     def counts(self) -> dict:
-        """``{family: {"fused": n, "unfused": m}}`` for every family."""
+        """``{family: {"fused": n, "unfused": m}}`` for every family: fused sites and unfused sites (candidates
+        shown to be no site of the family, a LayerNorm with no modulation, are not counted)."""
         return {f: {"fused": len(self.fused(f)), "unfused": len(self.unfused(f))} for f in self.families}
 
     def as_dict(self) -> dict:
@@ -485,6 +486,9 @@ _VIEWS = (_aten.unsqueeze.default, _aten.view.default, _aten.reshape.default, _a
           _aten.expand.default)
 
 
+_NO_MODULATION = "no modulation (norm(x) * (1 + scale) + shift) follows this norm: nothing for adaln to fuse"
+
+
 def _adaln_hint(anchor, nearby) -> Optional[str]:
     """A LayerNorm with no ``* (1 + scale)`` after it (a plain or affine norm, a qk-norm) is no AdaLN site."""
     for n in nearby:
@@ -493,7 +497,7 @@ def _adaln_hint(anchor, nearby) -> Optional[str]:
                 a = a.args[0]
             if _is(a, _aten.add.Tensor) and any(c == 1 for c in a.args if not isinstance(c, torch.fx.Node)):
                 return None
-    return "no modulation (norm(x) * (1 + scale) + shift) follows this norm: nothing for adaln to fuse"
+    return _NO_MODULATION
 
 
 # family -> (anchor, nearby ops) -> a plain-words reason or None: consulted when no form matched
@@ -596,8 +600,8 @@ class _Observer:
                 reason = f"the {family} family did not run on this graph (left off by verification)"
             else:
                 reason = self.reasons.get(node) or _reason(family, node, passes.pattern_pass(family, self.opts))
-            site = _place(Site(family, "unfused", label, reason=reason, graph=self.graph_index),
-                          _node_frames(node))
+            status = "no site" if reason == _NO_MODULATION else "unfused"
+            site = _place(Site(family, status, label, reason=reason, graph=self.graph_index), _node_frames(node))
             site.lines = [f"{site.file}:{site.line}"] if site.file else []
             self.sites.append(site)
 

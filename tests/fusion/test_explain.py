@@ -191,8 +191,10 @@ def test_shared_and_refused_candidates_and_disabled_families_have_reasons():
     [shared] = [s for s in r.unfused("mul_add") if s.line == line_of("shared mul")]
     assert "users outside the site" in shared.reason
     assert not r.fused("gelu")
-    [ln] = r.unfused("adaln")
+    assert not r.unfused("adaln")  # a LayerNorm without modulation is no adaln site: listed, not counted
+    [ln] = [s for s in r.sites if s.family == "adaln" and s.status == "no site"]
     assert ln.line == line_of("plain layer norm") and ln.reason.startswith("no modulation")
+    assert r.counts()["adaln"] == {"fused": 0, "unfused": 0}
 
 
 def test_refused_operands_are_described():
