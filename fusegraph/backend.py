@@ -270,7 +270,8 @@ class Backend:
         from torch._inductor.compile_fx import compile_fx
 
         fusion_pass = _FusionPass(self, job)
-        job.real_inputs = list(example_inputs)  # the post-grad graph's placeholders once Inductor froze the rest
+        if self.config.verify:  # the post-grad graph's placeholders once Inductor froze the rest
+            job.real_inputs = list(example_inputs)
         patches = {"post_grad_custom_pre_pass": fusion_pass, "freezing": job.freeze}
         compiled = compile_fx(gm, example_inputs, config_patches=patches)
         # Inductor's caches skip the custom pass on a hit: the counts then come from when the graph was fused.
@@ -292,7 +293,8 @@ class Backend:
         from functorch.compile import make_boxed_func
 
         fuse = route != "graph_only"
-        job.real_inputs = list(example_inputs)  # the aot graph's placeholders after the lifted parameters
+        if self.config.verify:  # the aot graph's placeholders after the lifted parameters
+            job.real_inputs = list(example_inputs)
 
         def plain(aot_gm, aot_inputs):
             if fuse:
