@@ -264,3 +264,16 @@ def test_cli_help_lists_explain(capsys):
 
     assert cli.main(["--help"]) == 0
     assert "explain --model" in capsys.readouterr().out
+
+
+def test_layer_norm_before_an_erf_gelu_is_no_adaln_site():
+    """ConsisID's feed-forward: LayerNorm -> Linear -> erf-GELU. The GELU's ``x * (1 + erf(...))`` reads the norm
+    itself; it is no ``(1 + scale)`` modulation, so the norm is no missed adaln site."""
+    lin = nn.Linear(8, 8)
+
+    def fn(x):
+        return F.gelu(lin(F.layer_norm(x, (8,))))
+
+    r = fusegraph.explain(fn, torch.randn(2, 4, 8))
+    assert not r.unfused("adaln")
+    assert [s.status for s in r.sites if s.family == "adaln"] == ["no site"]
