@@ -21,10 +21,19 @@ import torch
 from .timing import fmt_time, format_table, interleaved_seconds, run_facts, setup_device, write_json
 
 
-def _first(out):
-    if isinstance(out, (tuple, list)):
-        return out[0]
-    return getattr(out, "sample", out)
+def _tensors(out) -> list:
+    """Every output tensor of a forward (tensor, tuple/list, dict or diffusers ModelOutput, nested)."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):  # ModelOutput is an OrderedDict
+        return [t for v in out.values() for t in _tensors(v)]
+    if isinstance(out, (list, tuple)):
+        return [t for v in out for t in _tensors(v)]
+    return []
+
+
+def _max_abs_diff(out, ref) -> float:
+    return max((o.float() - r.float()).abs().max().item() for o, r in zip(_tensors(out), _tensors(ref)))
 
 
 def bench_one(name: str, reps: int) -> dict:
@@ -38,12 +47,12 @@ def bench_one(name: str, reps: int) -> dict:
     backend = Backend(CompilationConfig())
     fns = {"eager": model, "inductor": torch.compile(model), "fusegraph": torch.compile(model, backend=backend)}
     with torch.no_grad():
-        ref = _first(model(**kwargs))
+        ref = model(**kwargs)
         for variant in ("inductor", "fusegraph"):
             t0 = time.perf_counter()
-            out = _first(fns[variant](**kwargs))
+            out = fns[variant](**kwargs)
             row[f"{variant}_compile_s"] = time.perf_counter() - t0
-            row[f"{variant}_max_abs_diff"] = (out.float() - ref.float()).abs().max().item()
+            row[f"{variant}_max_abs_diff"] = _max_abs_diff(out, ref)
         times = interleaved_seconds({k: (lambda fn=fn: fn(**kwargs)) for k, fn in fns.items()}, warmup=2, reps=reps)
     torch._dynamo.reset()
     for variant, ts in times.items():
@@ -61,7 +70,8 @@ def _cells(row: dict, families) -> list:
         cells.append(f"{c['fused']}/{present}" if present else "-")
     cells.append(str(row["graph_breaks"]))
     cells += [fmt_time(row["eager_s"]), fmt_time(row["inductor_s"]), fmt_time(row["fusegraph_s"]),
-              f"{row['inductor_s'] / row['fusegraph_s']:.2f}x", f"{row['fusegraph_max_abs_diff']:.1e}"]
+              f"{row['inductor_s'] / row['fusegraph_s']:.2f}x", f"{row['inductor_max_abs_diff']:.1e}",
+              f"{row['fusegraph_max_abs_diff']:.1e}"]
     return cells
 
 
@@ -85,7 +95,8 @@ def main(argv=None) -> int:
     print(f"fusegraph bench zoo: {len(names)} models, fp32, {facts['machine']}, torch {facts['torch']}, "
           f"{facts['threads']} thread(s)")
     rows = []
-    headers = ["model", *FAMILIES, "breaks", "eager", "inductor", "fusegraph", "fg vs ind", "max|diff|"]
+    headers = ["model", *FAMILIES, "breaks", "eager", "inductor", "fusegraph", "fg vs ind", "ind |diff|",
+               "fg |diff|"]
     for name in names:
         try:
             row = bench_one(name, args.reps)
