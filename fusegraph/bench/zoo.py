@@ -21,19 +21,19 @@ import torch
 from .timing import fmt_time, format_table, interleaved_seconds, run_facts, setup_device, write_json
 
 
-def _tensors(out) -> list:
+def tensors(out) -> list:
     """Every output tensor of a forward (tensor, tuple/list, dict or diffusers ModelOutput, nested)."""
     if isinstance(out, torch.Tensor):
         return [out]
     if isinstance(out, dict):  # ModelOutput is an OrderedDict
-        return [t for v in out.values() for t in _tensors(v)]
+        return [t for v in out.values() for t in tensors(v)]
     if isinstance(out, (list, tuple)):
-        return [t for v in out for t in _tensors(v)]
+        return [t for v in out for t in tensors(v)]
     return []
 
 
 def _max_abs_diff(out, ref) -> float:
-    return max((o.float() - r.float()).abs().max().item() for o, r in zip(_tensors(out), _tensors(ref)))
+    return max((o.float() - r.float()).abs().max().item() for o, r in zip(tensors(out), tensors(ref)))
 
 
 def bench_one(name: str, reps: int) -> dict:

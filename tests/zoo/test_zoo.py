@@ -32,6 +32,7 @@ import torch._inductor.config as inductor_config
 from torch._dynamo.utils import counters
 
 from fusegraph import Backend, CompilationConfig, zoo
+from fusegraph.bench.zoo import tensors
 from tests.zoo.site_counter import FAMILIES, capture, count_sites
 
 ROUTES = {"default": {}, "aten": dict(inductor=False), "graph": dict(graph_with_compile=True)}
@@ -40,17 +41,6 @@ FAST_ALL_ROUTES = ("FluxTransformer2DModel", "SD3Transformer2DModel", "WanTransf
                    "PixArtTransformer2DModel", "Lumina2Transformer2DModel")
 BF16_MODELS = ("FluxTransformer2DModel", "SD3Transformer2DModel", "WanTransformer3DModel")
 TOL = dict(rtol=1e-4, atol=1e-4)
-
-
-def tensors(out) -> list:
-    """The output tensors of a forward (tensor, tuple/list, dict or diffusers ModelOutput, nested)."""
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, dict):  # ModelOutput is an OrderedDict
-        return [t for v in out.values() for t in tensors(v)]
-    if isinstance(out, (list, tuple)):
-        return [t for v in out for t in tensors(v)]
-    return []
 
 
 def _is_fast(name: str, route: str) -> bool:

@@ -74,14 +74,20 @@ def split_shared_casts(graph: torch.fx.Graph) -> int:
             key = _norm_key(node, user) if user.op == "call_function" else None
             (norms.setdefault(key, []) if key is not None else rest).append(user)
         groups = list(norms.values())
-        if not rest:
-            groups = groups[1:]  # the first norm keeps the original
-        for users in groups:
-            with graph.inserting_after(node):
-                copy = graph.node_copy(node)
-            for user in users:
-                user.replace_input_with(node, copy)
-            copies += 1
+        copies += give_copies(graph, node, groups if rest else groups[1:])  # else the first norm keeps the original
+    return copies
+
+
+def give_copies(graph: torch.fx.Graph, node: torch.fx.Node, groups) -> int:
+    """Each group of ``node``'s users reads its own copy of ``node`` (inserted right after it); users in no
+    group keep the original. Returns the number of copies made."""
+    copies = 0
+    for users in groups:
+        with graph.inserting_after(node):
+            copy = graph.node_copy(node)
+        for user in users:
+            user.replace_input_with(node, copy)
+        copies += 1
     return copies
 
 

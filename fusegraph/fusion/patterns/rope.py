@@ -71,7 +71,7 @@ import operator
 import torch
 from torch._inductor.pattern_matcher import Match, PatternMatcherPass, register_replacement
 
-from ._prepare import prepare_before, split_shared_casts
+from ._prepare import give_copies, prepare_before, split_shared_casts
 from ._trace import fwd_functional, fwd_functional_reshape
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -389,12 +389,7 @@ def split_shared_rope_inputs(graph: torch.fx.Graph) -> int:
         groups: dict = {}
         for user in node.users:
             groups.setdefault(_wan_group(node, user), []).append(user)
-        for users in list(groups.values())[1:]:
-            with graph.inserting_after(node):
-                copy = graph.node_copy(node)
-            for user in users:
-                user.replace_input_with(node, copy)
-            copies += 1
+        copies += give_copies(graph, node, list(groups.values())[1:])
     return copies
 
 
@@ -446,12 +441,7 @@ def split_shared_table_ops(graph: torch.fx.Graph) -> int:
             (groups.setdefault(key, []) if key is not None else rest).append(user)
         if len(groups) + bool(rest) < 2:
             continue
-        for users in list(groups.values())[0 if rest else 1:]:
-            with graph.inserting_after(node):
-                copy = graph.node_copy(node)
-            for user in users:
-                user.replace_input_with(node, copy)
-            copies += 1
+        copies += give_copies(graph, node, list(groups.values())[0 if rest else 1:])
     return copies
 
 
