@@ -24,24 +24,180 @@ std::shared_ptr<void> hold_py(py::object obj) {
   });
 }
 
-// Splits a call's flat arguments into the cache's signature and its tensors. Non-tensors are keyed on their
-// type and repr (ints, floats, bools, strings, None, dtypes...).
-fg::Signature signature_of(const py::sequence& leaves, std::vector<at::Tensor>* tensors) {
+// ---- keying a call's arguments (the cache's Signature) ----
+// What the runner does with a call that was not keyed (status codes shared with fusegraph/graph/runner.py).
+constexpr int kKeyed = -1, kNotFlat = 3, kSpecialTensor = 4, kUnkeyable = 5;
+
+struct Keyed {
   fg::Signature sig;
-  sig.args.reserve(leaves.size());
+  std::vector<at::Tensor> tensors;
+  int status = kKeyed;
+  std::string why;  // kUnkeyable: which argument and its type
+};
+
+// Types looked up once, with the GIL held (leaked on purpose: no destructor runs after the interpreter).
+struct KeyTypes {
+  py::object dtype, device, layout, memory_format, module, enum_base, np_generic;
+  static const KeyTypes& get() {
+    static const KeyTypes* t = [] {
+      auto* k = new KeyTypes;
+      py::module_ torch = py::module_::import("torch");
+      k->dtype = py::type::of(torch.attr("float32"));
+      k->device = torch.attr("device");
+      k->layout = py::type::of(torch.attr("strided"));
+      k->memory_format = py::type::of(torch.attr("contiguous_format"));
+      k->module = torch.attr("nn").attr("Module");
+      k->enum_base = py::module_::import("enum").attr("Enum");
+      try {
+        k->np_generic = py::module_::import("numpy").attr("generic");
+      } catch (const py::error_already_set&) {
+        k->np_generic = py::none();
+      }
+      return k;
+    }();
+    return *t;
+  }
+};
+
+std::string type_name(py::handle h) { return py::str(py::type::handle_of(h).attr("__qualname__")); }
+
+bool is_instance(py::handle h, const py::object& type) {
+  return !type.is_none() && PyObject_IsInstance(h.ptr(), type.ptr()) == 1;
+}
+
+// An immutable value whose repr is exact and canonical: keyed by type and value. Empty when it is not one.
+std::string value_key(py::handle h) {
+  PyObject* o = h.ptr();
+  const KeyTypes& k = KeyTypes::get();
+  if (o == Py_None || o == Py_Ellipsis || PyBool_Check(o) || PyLong_CheckExact(o) || PyFloat_CheckExact(o) ||
+      PyComplex_CheckExact(o) || PyUnicode_CheckExact(o) || PyBytes_CheckExact(o) || is_instance(h, k.dtype) ||
+      is_instance(h, k.device) || is_instance(h, k.layout) || is_instance(h, k.memory_format) ||
+      is_instance(h, k.np_generic)) {
+    return type_name(h) + ":" + std::string(py::repr(h));
+  }
+  if (PySlice_Check(o)) {
+    auto* sl = reinterpret_cast<PySliceObject*>(o);
+    for (PyObject* part : {sl->start, sl->stop, sl->step}) {
+      if (value_key(part).empty()) return "";
+    }
+    return "slice:" + std::string(py::repr(h));
+  }
+  return "";
+}
+
+// An object whose identity is what matters (a module, a function, a class, an enum member): keyed by
+// address, held. Bound methods are new objects on every attribute access: keyed by (self, function).
+bool identity_key(py::handle h, std::string* key, py::list* held) {
+  PyObject* o = h.ptr();
+  const KeyTypes& k = KeyTypes::get();
+  auto address = [](PyObject* p) { return std::to_string(reinterpret_cast<uintptr_t>(p)); };
+  if (PyMethod_Check(o)) {
+    PyObject* self = PyMethod_GET_SELF(o);
+    PyObject* func = PyMethod_GET_FUNCTION(o);
+    *key = "method@" + address(self) + "." + address(func);
+    held->append(py::reinterpret_borrow<py::object>(self));
+    held->append(py::reinterpret_borrow<py::object>(func));
+    return true;
+  }
+  if (PyType_Check(o) || PyFunction_Check(o) || PyCFunction_Check(o) || PyModule_Check(o) ||
+      is_instance(h, k.enum_base) || is_instance(h, k.module)) {
+    *key = type_name(h) + "@" + address(o);
+    held->append(h);
+    return true;
+  }
+  return false;
+}
+
+// Keys a call's flat arguments: tensors by shape, dtype and device; immutable values by value; modules,
+// functions and the like by identity (held); anything else (numpy arrays, mutable or unknown objects, whose
+// repr may be truncated or hide the state the function reads) is not keyed: the call runs uncaptured.
+// Tensors that are subclasses (a __torch_function__ override the graph would drop) or that require grad
+// under grad mode are handed back to the front end (kSpecialTensor). `tensors_only`: stop at the first
+// non-tensor (kNotFlat: the front end flattens the arguments with pytree and keys them again).
+Keyed key_leaves(const py::sequence& leaves, bool tensors_only = false) {
+  Keyed k;
+  k.sig.args.reserve(leaves.size());
+  k.sig.grad_mode = at::GradMode::is_enabled();
+  py::list held;
+  int64_t pos = 0;
   for (py::handle h : leaves) {
     if (THPVariable_Check(h.ptr())) {
       const at::Tensor& t = THPVariable_Unpack(h.ptr());
-      sig.add_tensor(t);
-      if (tensors) tensors->push_back(t);
+      if (!THPVariable_CheckExact(h.ptr()) || (k.sig.grad_mode && t.requires_grad())) {
+        k.status = kSpecialTensor;
+        return k;
+      }
+      k.sig.add_tensor(t);
+      k.tensors.push_back(t);
+    } else if (tensors_only) {
+      k.status = kNotFlat;
+      return k;
+    } else if (std::string v = value_key(h); !v.empty()) {
+      k.sig.add_value(std::move(v));
+    } else if (std::string id; identity_key(h, &id, &held)) {
+      k.sig.add_value(std::move(id));
     } else {
-      sig.add_value(std::string(py::str(py::type::handle_of(h).attr("__qualname__"))) + ":" +
-                    std::string(py::repr(h)));
+      k.status = kUnkeyable;
+      k.why = "argument " + std::to_string(pos) + " is a " + type_name(h);
+      return k;
     }
+    ++pos;
   }
-  sig.finish();
-  return sig;
+  if (!held.empty()) k.sig.held = hold_py(std::move(held));
+  k.sig.finish();
+  return k;
 }
+
+// The signature of arguments the front end already keyed successfully (insert, record_failure, ...).
+fg::Signature signature_of(const py::sequence& leaves, std::vector<at::Tensor>* tensors) {
+  Keyed k = key_leaves(leaves);
+  TORCH_CHECK(k.status == kKeyed, "fusegraph: these arguments cannot be keyed: ",
+              k.why.empty() ? "a tensor subclass or a tensor that requires grad" : k.why);
+  if (tensors) *tensors = std::move(k.tensors);
+  return std::move(k.sig);
+}
+
+// Per-call check that the weights a captured graph read are still the ones in the module tree: each
+// parameter, buffer, submodule and tensor attribute as a (dict, key, object) slot, plus the storage of each
+// tensor (``p.data = other`` swaps it in place). A CUDA graph reads the captured addresses and the host graph
+// holds the captured tensors, so in-place writes are seen by both; a replaced object or storage is not.
+// One dict lookup and a pointer compare per slot, GIL held.
+class SlotGuard {
+ public:
+  void add(py::dict dict, py::object key, py::object value) {
+    Slot s{std::move(dict), std::move(key), std::move(value), nullptr, 0};
+    if (THPVariable_Check(s.value.ptr())) {
+      const at::Tensor& t = THPVariable_Unpack(s.value.ptr());
+      if (t.has_storage()) s.storage = t.storage().unsafeGetStorageImpl();
+      s.offset = t.storage_offset();
+    }
+    slots_.push_back(std::move(s));
+  }
+  // The first slot that changed ("" when none): its key.
+  std::string changed() const {
+    for (const Slot& s : slots_) {
+      PyObject* now = PyDict_GetItemWithError(s.dict.ptr(), s.key.ptr());
+      if (now == nullptr && PyErr_Occurred()) throw py::error_already_set();
+      if (now != s.value.ptr()) return std::string(py::str(s.key));
+      if (s.storage != nullptr) {
+        const at::Tensor& t = THPVariable_Unpack(now);
+        if (!t.has_storage() || t.storage().unsafeGetStorageImpl() != s.storage || t.storage_offset() != s.offset) {
+          return std::string(py::str(s.key));
+        }
+      }
+    }
+    return "";
+  }
+  size_t size() const { return slots_.size(); }
+
+ private:
+  struct Slot {
+    py::object dict, key, value;
+    const c10::StorageImpl* storage;
+    int64_t offset;
+  };
+  std::vector<Slot> slots_;
+};
 
 // A graph output or constant as an IValue: tensors, None, bool, int, float, str (what aten graphs return).
 c10::IValue plain_ivalue(py::handle h) {
@@ -232,6 +388,13 @@ void bind_graph(py::module_& m) {
       .def_property_readonly("positions", &fg::FrozenGuard::positions)
       .def("__len__", &fg::FrozenGuard::size);
 
+  py::class_<SlotGuard, std::shared_ptr<SlotGuard>>(
+      m, "SlotGuard", "Per-call check that a module tree's parameters, buffers and submodules were not replaced.")
+      .def(py::init<>())
+      .def("add", &SlotGuard::add, py::arg("dict"), py::arg("key"), py::arg("value"))
+      .def("changed", &SlotGuard::changed, "The key of the first slot whose object or storage changed, or ''.")
+      .def("__len__", &SlotGuard::size);
+
   py::class_<fg::Executable, std::shared_ptr<fg::Executable>>(m, "Executable");
 
   py::class_<fg::HostGraph, fg::Executable, std::shared_ptr<fg::HostGraph>>(m, "HostGraph")
@@ -291,19 +454,14 @@ void bind_graph(py::module_& m) {
       .def(
           "call",
           [](fg::GraphCache& c, const py::sequence& leaves, bool check_drift, bool tensors_only) -> py::tuple {
-            if (tensors_only) {  // the runner's fast path: flat positional tensors, else it flattens first
-              for (py::handle h : leaves) {
-                if (!THPVariable_Check(h.ptr())) return py::make_tuple(3);
-              }
-            }
-            std::vector<at::Tensor> tensors;
-            fg::Signature sig = signature_of(leaves, &tensors);
+            Keyed k = key_leaves(leaves, tensors_only);
+            if (k.status != kKeyed) return py::make_tuple(k.status, py::none(), py::none(), 0, 0, py::list(), k.why);
             fg::CallResult r;
             {
               // Other Python threads run while the graph replays (a Python driver's executable re-takes the
               // GIL itself). The runner's lock serialises calls of one runner before they get here.
               py::gil_scoped_release nogil;
-              r = c.call(sig, tensors, check_drift);
+              r = c.call(k.sig, k.tensors, check_drift);
             }
             py::object user = r.user ? *static_cast<py::object*>(r.user.get()) : py::none();
             py::object outs = r.status == fg::LookupStatus::Replayed ? py::object(to_py_list(r.outputs)) : py::none();
@@ -311,8 +469,9 @@ void bind_graph(py::module_& m) {
           },
           py::arg("leaves"), py::arg("check_drift") = false, py::arg("tensors_only") = false,
           "Replays the entry for these flat arguments: (status 0=replayed 1=miss 2=failed, outputs, user, "
-          "copied, skipped, drifted positions, failure reason); with tensors_only, (3,) when a leaf is not a "
-          "tensor.")
+          "copied, skipped, drifted positions, failure reason). Not keyed: status 3 (with "
+          "tensors_only, a leaf is not a tensor), 4 (a tensor subclass, or a tensor requiring grad under grad "
+          "mode), 5 (a value that cannot be keyed; the reason names it).")
       .def(
           "insert",
           [](fg::GraphCache& c, const py::sequence& leaves, std::vector<at::Tensor> static_inputs,

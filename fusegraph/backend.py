@@ -28,6 +28,7 @@ import torch
 
 from .config import CompilationConfig
 from .fusion import passes
+from .graph.runner import capture_lock, fx_tracing_window
 from .stats import PATTERN_NAMES, Stats
 
 log = logging.getLogger("fusegraph")
@@ -117,8 +118,11 @@ class _FusionPass(_PassBase):
         self.job = job
 
     def __call__(self, graph: torch.fx.Graph, is_inference: bool = True) -> None:
+        self.job.pass_ran = True
         if not is_inference:
-            self.job.note_fallback("autograd graph: fusion skipped (fused ops have no backward)")
+            reason = "autograd graph: fusion skipped (fused ops have no backward)"
+            self.job.pass_fallbacks.append(reason)
+            self.job.note_fallback(reason)
             return
         self.job.fuse(graph)
 
@@ -142,7 +146,9 @@ class _CompileJob:
         self.freeze = backend.config.enable_freezing  # fold parameters into constants (False: the unfrozen re-compile)
         self.count = True  # add fused counts to stats (False: a re-compile of a graph already counted)
         self.fallbacks: list = []
-        self.glog = passes.GraphLog(backend._log_dir, f"graph{graph_id:03d}")
+        self.glog = passes.GraphLog(backend._log_dir, f"fusegraph Backend {id(backend):#x}, Dynamo graph {graph_id}")
+        self.pass_ran = False  # Inductor ran the fusion pass (False on a cache hit)
+        self.pass_fallbacks: list = []  # fallbacks noted by the pass (replayed on a cache hit)
         self.real_inputs: Optional[list] = None  # Dynamo's real example inputs (after freezing), for verify
 
     def fuse(self, graph_or_gm) -> None:
@@ -200,6 +206,18 @@ class Backend:
         # Op names are str(target), e.g. "fusegraph.gelu_tanh.default", "aten.tanh.default"; plus "get_attr".
         self.last_graph_ops: collections.Counter = collections.Counter()
 
+    # copy.deepcopy / pickle of a compiled model carry the backend: its config and counters (Stats drops its
+    # lock); the graph-id counter continues where it was (itertools.count does not pickle on Python >= 3.14)
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_ids"] = next(copy.copy(self._ids))
+        return state
+
+    def __setstate__(self, state):
+        state = dict(state)
+        state["_ids"] = itertools.count(state["_ids"])
+        self.__dict__.update(state)
+
     # route selection (SPEC §1.2)
     def select_route(self, example_inputs) -> tuple[str, Optional[str]]:
         """('graph_with_compile' | 'graph_only' | 'default', why the wanted graph route is unavailable)."""
@@ -244,7 +262,14 @@ class Backend:
 
     def _compile(self, gm, example_inputs, params: dict, *, freeze: bool, graph_id: Optional[int] = None):
         """One compile of the Dynamo graph on the selected route; ``params`` ({input position: tensor}) are folded
-        into the graph as constants. Returns (job, callable taking every original input)."""
+        into the graph as constants. Returns (job, callable taking every original input).
+
+        Under Dynamo's compile lock (a frozen graph's re-compile runs outside Dynamo), with other threads'
+        compiled calls running on while aot_autograd and the pattern matcher trace (fx_tracing_window)."""
+        with capture_lock(), fx_tracing_window("compile"):
+            return self._compile_locked(gm, example_inputs, params, freeze=freeze, graph_id=graph_id)
+
+    def _compile_locked(self, gm, example_inputs, params: dict, *, freeze: bool, graph_id: Optional[int]):
         job = _CompileJob(self, next(self._ids) if graph_id is None else graph_id)
         job.freeze = freeze
         job.count = graph_id is None  # a re-compile fuses the same sites of the same Dynamo graph again
@@ -274,16 +299,23 @@ class Backend:
             job.real_inputs = list(example_inputs)
         patches = {"post_grad_custom_pre_pass": fusion_pass, "freezing": job.freeze}
         compiled = compile_fx(gm, example_inputs, config_patches=patches)
-        # Inductor's caches skip the custom pass on a hit: the counts then come from when the graph was fused.
+        # Inductor's caches skip the custom pass on a hit: the counts, the fallbacks the pass noted and its graph
+        # logs then come from the compile that ran it, stored under a key of the graph and the pass options.
         key = _counts_key(gm, example_inputs, fusion_pass.uuid(), job.freeze)
-        if job.counts is not None:
-            _store_counts(key, job.counts)
+        if job.pass_ran:
+            _store_record(key, {"counts": job.counts, "fallbacks": job.pass_fallbacks, "log": job.glog.entries})
         else:
-            counts = _load_counts(key)
-            if counts is not None:
-                job.counts = counts
-                if job.count:
-                    self.stats.add_patterns(counts)
+            record = _load_record(key)
+            if record is None:
+                job.glog.write_cached(None, gm.code)
+            else:
+                if record["counts"] is not None:
+                    job.counts = dict(record["counts"])
+                    if job.count:
+                        self.stats.add_patterns(job.counts)
+                for reason in record["fallbacks"]:
+                    job.note_fallback(reason)
+                job.glog.write_cached(record["log"], gm.code)
         return compiled
 
     # default route with inductor=False, and the graph routes: an aten graph, fused or not, run or captured
@@ -379,31 +411,35 @@ def _counts_path(key: str) -> str:
 _counts_memo: dict = {}
 
 
-def _store_counts(key: str, counts: dict) -> None:
+def _store_record(key: str, record: dict) -> None:
+    """What the fusion pass produced for one graph (counts, fallbacks, log texts), for Inductor cache hits."""
     import json
     import os
 
-    _counts_memo[key] = dict(counts)
+    _counts_memo[key] = record
     try:
         path = _counts_path(key)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
         with open(tmp, "w") as f:
-            json.dump(counts, f)
+            json.dump(record, f)
         os.replace(tmp, path)
     except OSError:  # counts are a report, never worth failing a compile
         pass
 
 
-def _load_counts(key: str) -> Optional[dict]:
+def _load_record(key: str) -> Optional[dict]:
     import json
 
     if key in _counts_memo:
-        return dict(_counts_memo[key])
+        return _counts_memo[key]
     try:
         with open(_counts_path(key)) as f:
-            return {k: int(v) for k, v in json.load(f).items()}
-    except (OSError, ValueError):
+            data = json.load(f)
+        counts = data["counts"]
+        return {"counts": None if counts is None else {k: int(v) for k, v in counts.items()},
+                "fallbacks": [str(r) for r in data["fallbacks"]], "log": [[str(a), str(b)] for a, b in data["log"]]}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 

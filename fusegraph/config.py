@@ -47,6 +47,8 @@ def _nonneg_int(name, v):
         raise TypeError(f"{name} must be an int, got {v!r} ({type(v).__name__})")
     if v < 0:
         raise ValueError(f"{name} must be >= 0, got {v}")
+    if v >= 2**63:  # the runtime stores it as a C++ int64
+        raise ValueError(f"{name} must be < 2**63 (a 64-bit count), got {v}")
     return v
 
 

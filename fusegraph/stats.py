@@ -22,10 +22,17 @@ class Stats:
     fallbacks: dict = field(default_factory=dict)  # reason -> count
     eager_calls: int = 0  # calls run uncaptured because their signature fell back
     frozen_recompiles: int = 0  # a frozen graph compiled again: other parameter tensors, or weights changed
+    weight_invalidations: int = 0  # a GraphRunner dropped its graphs: a parameter/buffer/submodule was replaced
     capture_seconds: float = 0.0
     compile_seconds: float = 0.0
     graph_memory_bytes: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def __getstate__(self):  # copy/deepcopy/pickle: the counters, not the lock
+        return self.as_dict()
+
+    def __setstate__(self, state):
+        self.__init__(**state)
 
     def add_fallback(self, reason: str) -> None:
         with self._lock:

@@ -36,7 +36,7 @@ void Signature::add_value(std::string value) {
 }
 
 void Signature::finish() {
-  size_t h = c10::get_hash(args.size());
+  size_t h = c10::get_hash(args.size(), grad_mode);
   for (const auto& a : args) {
     if (a.is_tensor) {
       h = c10::hash_combine(h, c10::get_hash(static_cast<int>(a.dtype), static_cast<int>(a.device.type()),
@@ -61,6 +61,7 @@ std::string Signature::describe() const {
   os << "(";
   for (size_t i = 0; i < args.size(); ++i) os << (i ? ", " : "") << args[i].describe();
   os << ")";
+  if (grad_mode) os << " with grad mode on";
   return os.str();
 }
 
@@ -265,6 +266,11 @@ std::string GraphCache::mismatch_error_locked(const Signature& sig) const {
       return "fusegraph: graph input mismatch at position " + std::to_string(i) + ": captured " + c + ", got " + g +
              " (graph_recapture=False)";
     }
+  }
+  if (first_signature_->grad_mode != sig.grad_mode) {
+    return std::string("fusegraph: graph input mismatch: captured with grad mode ") +
+           (first_signature_->grad_mode ? "on" : "off") + ", called with it " + (sig.grad_mode ? "on" : "off") +
+           " (graph_recapture=False)";
   }
   return "";
 }

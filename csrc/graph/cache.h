@@ -22,7 +22,7 @@ struct ArgSignature {
   std::vector<int64_t> sizes;
   at::ScalarType dtype = at::ScalarType::Undefined;
   at::Device device = at::Device(at::kCPU);
-  std::string value;  // non-tensor: its value, rendered by the caller (type name + repr)
+  std::string value;  // non-tensor: rendered by the caller: type + exact value, or type + identity
 
   bool operator==(const ArgSignature& o) const {
     return is_tensor == o.is_tensor && sizes == o.sizes && dtype == o.dtype && device == o.device && value == o.value;
@@ -32,13 +32,19 @@ struct ArgSignature {
 
 struct Signature {
   std::vector<ArgSignature> args;
+  bool grad_mode = false;      // autograd was enabled for the call (a graph captured without it differs)
   size_t hash = 0;
+  // Objects keyed by identity (modules, functions, enum members...), held by the front end so that an
+  // address is never reused while a signature naming it lives. Not part of the comparison.
+  std::shared_ptr<void> held;
 
   static Signature of_tensor(const at::Tensor& t);  // helper for tests
   void add_tensor(const at::Tensor& t);
   void add_value(std::string value);
   void finish();  // computes the hash
-  bool operator==(const Signature& o) const { return hash == o.hash && args == o.args; }
+  bool operator==(const Signature& o) const {
+    return hash == o.hash && grad_mode == o.grad_mode && args == o.args;
+  }
   std::string describe() const;
 };
 

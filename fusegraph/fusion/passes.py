@@ -15,6 +15,7 @@ import operator
 import os
 import re
 import threading
+import time
 import warnings
 from typing import Optional
 
@@ -163,12 +164,40 @@ def prepare_log_dir(path) -> Optional[str]:
 
 
 class GraphLog:
-    """Writes the graph before and after each pass as ``<graph>_<step>_<pass>_{before,after}.txt``."""
+    """Writes the graph before and after each pass as ``<graph>_<step>_<pass>_{before,after}.txt``.
 
-    def __init__(self, folder: Optional[str], graph_name: str):
+    ``<graph>`` is ``graphNNN``, claimed in the folder when the first file is written: the first free number,
+    taken atomically by creating ``graphNNN_info.txt`` (O_EXCL), so backends, graph breaks and processes sharing
+    one folder never overwrite each other. The info file says who wrote the graph (``label``, pid, time).
+    The texts are also kept (``entries``), so that a graph Inductor later serves from its cache can write them
+    again (``write_cached``)."""
+
+    _hint = 0  # next number to try (process-wide): claims stay O(1) as the folder fills
+    _hint_lock = threading.Lock()
+
+    def __init__(self, folder: Optional[str], label: str = ""):
         self.folder = folder
-        self.graph_name = graph_name
+        self.label = label
+        self.graph_name: Optional[str] = None
         self.step = 0
+        self.entries: list = []  # [file suffix, text] in order
+
+    def _claim(self, note: str = "") -> str:
+        if self.graph_name is None:
+            with GraphLog._hint_lock:
+                n = GraphLog._hint
+                while True:
+                    path = os.path.join(self.folder, f"graph{n:03d}_info.txt")
+                    try:
+                        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                        break
+                    except FileExistsError:
+                        n += 1
+                GraphLog._hint = n + 1
+            with os.fdopen(fd, "w") as f:
+                f.write(f"{self.label}\npid {os.getpid()}, {time.strftime('%Y-%m-%d %H:%M:%S')}\n{note}")
+            self.graph_name = f"graph{n:03d}"
+        return self.graph_name
 
     def write(self, pass_name: str, when: str, graph: torch.fx.Graph) -> None:
         if self.folder is None:
@@ -178,11 +207,29 @@ class GraphLog:
             text = gm.print_readable(print_output=False, include_stride=True) if gm is not None else str(graph)
         except Exception:  # print_readable needs a recompiled module; the IR text is always available
             text = str(graph)
-        name = f"{self.graph_name}_{self.step:03d}_{pass_name}_{when}.txt"
-        with open(os.path.join(self.folder, name), "w") as f:
-            f.write(text)
+        suffix = f"{self.step:03d}_{pass_name}_{when}"
+        self._write(suffix, text)
         if when == "after":
             self.step += 1
+
+    def _write(self, suffix: str, text: str, note: str = "") -> None:
+        self.entries.append([suffix, text])
+        with open(os.path.join(self.folder, f"{self._claim(note)}_{suffix}.txt"), "w") as f:
+            f.write(text)
+
+    def write_cached(self, entries: Optional[list], graph_code: str) -> None:
+        """A graph served from Inductor's cache: the pass logs of the compile that fused it (``entries``, kept
+        with the cached counts), or, when that compile kept none, the graph handed to Inductor."""
+        if self.folder is None:
+            return
+        if entries:
+            note = "Inductor served this graph from its cache; the pass logs below are those of the compile that fused it\n"
+            for suffix, text in entries:
+                self._write(suffix, text, note)
+        else:
+            self._write("000_cached_graph", graph_code,
+                        "Inductor served this graph from its cache, fused by a compile that kept no pass logs "
+                        "(graph_log_url unset); TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 re-runs the passes\n")
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -62,7 +62,7 @@ def static_buffers(tensors, lazy: bool) -> list:
 class HostDriver:
     name = "host"
 
-    def capture(self, flat_fn, tensors, options) -> Capture:
+    def capture(self, flat_fn, tensors, options, graph=None) -> Capture:
         # warm-up and trace on copies of the same strides, so a function that mutates its inputs still
         # mutates the caller's tensors exactly once (in the replay); overlapping layouts are traced as given
         try:
@@ -71,7 +71,9 @@ class HostDriver:
             work = list(tensors)
         for _ in range(options.graph_warmup_runs):
             flat_fn(*work)
-        gm = trace_aten(flat_fn, work)
+        # An aten-level graph (the backend's routes) is built as it is: tracing it again would be redundant, and
+        # make_fx patches torch.nn.Module process-wide, which breaks other threads' compiled calls meanwhile.
+        gm = graph if graph is not None else trace_aten(flat_fn, work)
         try:
             graph = build_host_graph(gm)
         except Unsupported as e:
@@ -127,7 +129,7 @@ class _StreamGraphDriver:
     def pool(self, mod, device):
         return self._per_device(mod, "pool", device, mod.graph_pool_handle)
 
-    def capture(self, flat_fn, tensors, options) -> Capture:
+    def capture(self, flat_fn, tensors, options, graph=None) -> Capture:
         mod = self._module()
         device = tensors[0].device if tensors else None
         # streams, pool and graph belong to the inputs' device, whatever the current device is

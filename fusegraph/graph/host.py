@@ -35,6 +35,18 @@ def trace_aten(fn, tensors):
         return make_fx(fn, tracing_mode="real")(*tensors)
 
 
+def single_overload(target):
+    """The OpOverload a call_function target names: itself, or the only overload of a packet (freezing's
+    weight-packing passes insert packets such as ``mkl._mkl_linear``); None for anything else."""
+    if isinstance(target, torch._ops.OpOverload):
+        return target
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        names = target.overloads()
+        if len(names) == 1:
+            return getattr(target, names[0])
+    return None
+
+
 def build_host_graph(gm: torch.fx.GraphModule) -> HostGraph:
     """The C++ host graph of ``gm`` (placeholders are its tensor inputs, in order; its output a flat list or
     tuple). Raises ``Unsupported`` naming the first node it cannot represent."""
@@ -79,15 +91,16 @@ def build_host_graph(gm: torch.fx.GraphModule) -> HostGraph:
                 env[n] = ValueRef(v.slot, idx)
             else:
                 raise Unsupported(f"getitem on {src!r}")
-        elif n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
-            schema = n.target._schema
+        elif n.op == "call_function" and single_overload(n.target) is not None:
+            target = single_overload(n.target)
+            schema = target._schema
             try:
                 first = graph.add_node(schema.name, schema.overload_name, [value(a) for a in n.args],
                                        {k: value(v) for k, v in n.kwargs.items()})
             except Unsupported:
                 raise
             except Exception as e:  # an argument the dispatcher's types cannot hold
-                raise Unsupported(f"{n.target}: {str(e).splitlines()[0]}") from e
+                raise Unsupported(f"{target}: {str(e).splitlines()[0]}") from e
             count = len(schema.returns)
             env[n] = ValueRef(first) if count == 1 else ("multi", first, count) if count > 1 else None
         elif n.op == "output":

@@ -2,7 +2,8 @@
 
 Defaults, the ``aclgraph_*`` aliases and validation are ``fusegraph.CompilationConfig``'s: a
 ``CompilationConfig`` is read as it is; ``None`` means the process defaults (seed style
-``CompilationConfig.graph_max_entries = 4`` applies to a ``GraphRunner(fn)`` too); any other object (a plain
+``CompilationConfig.graph_max_entries = 4`` applies to a ``GraphRunner(fn)`` too); a dict is a set of overrides
+(``CompilationConfig(**d)``: an unknown name raises); any other object (a plain
 namespace) contributes the config names it has and goes through ``CompilationConfig``'s checks, so a bad value
 fails, naming the field, before anything is captured.
 """
@@ -30,6 +31,8 @@ class GraphOptions:
     def from_config(cls, config=None) -> "GraphOptions":
         if isinstance(config, GraphOptions):
             return config
+        if isinstance(config, dict):  # overrides, as Backend takes them: unknown names and bad values raise
+            config = CompilationConfig(**config)
         if not isinstance(config, CompilationConfig):
             names = set(CompilationConfig._fields) | set(CompilationConfig._aliases)
             config = CompilationConfig(**{n: getattr(config, n) for n in names if hasattr(config, n)})

@@ -27,6 +27,8 @@ The backend's graph routes call ``compile_graph_route(gm, example_inputs, config
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import threading
 import time
@@ -38,29 +40,86 @@ from fusegraph import _C
 from fusegraph.stats import Stats
 
 from .drivers import select_driver, static_buffers
+from .host import single_overload
 from .options import GraphOptions
 
 _log = logging.getLogger("fusegraph.graph")
 
-_REPLAYED, _MISS, _FAILED, _NOT_FLAT = 0, 1, 2, 3
-_SIMPLE = (torch.Tensor, int, float, bool, str, type(None))
+_REPLAYED, _MISS, _FAILED, _NOT_FLAT, _SPECIAL_TENSOR, _UNKEYABLE = 0, 1, 2, 3, 4, 5  # csrc/bindings.cpp key_leaves
+_OUTPUT_TYPES = (torch.Tensor, int, float, bool, str, type(None))  # what a captured graph can return
+# Past this many captured graphs for one non-tensor argument position, warn once (a value that changes on
+# every call, such as a float timestep, captures a graph per value).
+VALUES_PER_POSITION_WARNING = 8
+
+
+def capture_lock():
+    """Captures are serialised process-wide, with Dynamo's own compile lock: make_fx patches
+    ``torch.nn.Module.__call__``/``__getattr__`` for the whole process while it traces, which must not overlap
+    another thread's trace or a Dynamo compile; a CUDA/NPU graph capture likewise wants no other capture."""
+    global _CAPTURE_LOCK
+    if _CAPTURE_LOCK is None:
+        try:
+            from torch._dynamo.convert_frame import compile_lock
+        except ImportError:  # pragma: no cover - older torch
+            compile_lock = threading.RLock()
+        _CAPTURE_LOCK = compile_lock
+    return _CAPTURE_LOCK
+
+
+_CAPTURE_LOCK = None
+
+
+@contextlib.contextmanager
+def fx_tracing_window(kind: str):
+    """While this thread traces with FX (make_fx in a host capture; aot_autograd and the pattern matcher's
+    replacements in a compile), ``torch.fx``'s tracing flag is set for the whole process and
+    ``torch.nn.Module.__call__`` is patched, and Dynamo makes a compiled function that *another* thread calls
+    meanwhile raise ("Detected that you are using FX to symbolically trace a dynamo-optimized function").
+    For the window, Dynamo's ``force_compile_during_fx_trace`` is made the process default, so other threads'
+    compiled calls run as compiled (the patched ``__call__`` just calls ``forward``). Its per-thread setting
+    (a user's ``torch._dynamo.config`` assignment) still wins in each thread; in this thread a capture
+    (``kind="capture"``: a user function, which may call compiled functions itself) runs such calls as their
+    original Python, which the trace records, instead of compiling inside the trace. Windows are taken under
+    the capture lock (Dynamo's compile lock), so they never interleave."""
+    entries = getattr(torch._dynamo.config, "_config", {})
+    force, nested = entries.get("force_compile_during_fx_trace"), entries.get("error_on_nested_fx_trace")
+    if not all(hasattr(e, "default") and hasattr(e, "user_override") for e in (force, nested)):
+        yield  # pragma: no cover - another torch's config layout: nothing to adjust
+        return
+    saved_default = force.default
+    tokens = []
+    if kind == "capture":  # this thread only (ContextVar), restored exactly with the tokens
+        tokens = [(force, force.user_override.set(False)), (nested, nested.user_override.set(False))]
+    force.default = True
+    try:
+        yield
+    finally:
+        force.default = saved_default
+        for entry, token in reversed(tokens):
+            entry.user_override.reset(token)
+
+
+class _Uncapturable(Exception):
+    """Raised inside a capture for what a graph cannot represent; the message is the fallback reason."""
 
 
 class _EntryInfo:
     """What the Python side keeps per entry (the C++ cache holds it opaquely): the output tree and the
     driver's capture info (the aten graph, for inspection)."""
 
-    __slots__ = ("out_spec", "capture", "driver")
+    __slots__ = ("out_spec", "capture", "driver", "constants")
 
-    def __init__(self, out_spec, capture, driver):
+    def __init__(self, out_spec, capture, driver, constants=None):
         self.out_spec, self.capture, self.driver = out_spec, capture, driver
+        self.constants = constants  # {flat output index: value}: torch.Size outputs (fixed by the signature)
 
 
 class GraphRunner:
     """Capture ``fn`` once per input signature into a device graph (CUDA graph, NPUGraph, or the C++ host
     graph on CPU) and replay it afterwards. See the module docstring for the semantics."""
 
-    def __init__(self, fn, config=None, *, stats: Stats | None = None, name: str | None = None):
+    def __init__(self, fn, config=None, *, stats: Stats | None = None, name: str | None = None,
+                 guard_weights: bool = True):
         if not callable(fn):
             raise TypeError(f"fusegraph: GraphRunner needs a callable; got {type(fn).__name__}")
         self.fn = fn
@@ -72,21 +131,112 @@ class GraphRunner:
                                           o.graph_recapture, o.safe_output_mode)
         self._lock = threading.RLock()
         self._memory = 0  # this runner's share of stats.graph_memory_bytes
+        # The weights a graph reads are those of the modules it was captured with: fn's own (a module, a bound
+        # method of one, modules in its closure) and module arguments (keyed by identity). A replaced
+        # parameter, buffer or submodule drops the captured graphs (in-place writes are read live).
+        self._guard_weights = guard_weights  # False: the caller guards them (the backend's routes)
+        self._fn_guard = _module_guard(_modules_of(fn)) if guard_weights else None
+        self._aten_graph = fn if _is_aten_graph(fn) else None  # built by the host driver without a re-trace
+        self._arg_guards: dict = {}  # id(module argument) -> (module, SlotGuard)
+        self._values_seen: dict = {}  # non-tensor leaf position -> set of values captured
+        self._warned: set = set()
+        self._specs: dict = {}  # argument TreeSpec -> its signature value
 
     # ---- calling ----
     def __call__(self, *args, **kwargs):
         debug = _log.isEnabledFor(logging.DEBUG)
         with self._lock:
+            if self._fn_guard is not None:
+                self._check_weights(self._fn_guard, "fn")
             if not kwargs:  # fast path: flat positional tensors go to C++ as they are
                 res = self._cache.call(args, debug, True)
-                if res[0] != _NOT_FLAT:
+                if res[0] < _NOT_FLAT:
                     return self._finish(res, args, None, args, kwargs)
+                if res[0] == _SPECIAL_TENSOR:
+                    return self._special(args, None, args, kwargs, debug)
             flat, in_spec = pytree.tree_flatten((args, kwargs))
-            leaves = flat + [_SpecKey(in_spec)]  # the argument structure is part of the signature
-            return self._finish(self._cache.call(leaves, debug), leaves, in_spec, args, kwargs)
+            leaves = flat + [self._spec_key(in_spec)]  # the argument structure is part of the signature
+            if self._guard_weights:  # module arguments: weights replaced since a capture drop the graphs first
+                modules = [i for i, x in enumerate(flat) if isinstance(x, torch.nn.Module)]
+                if modules:
+                    self._check_module_args(leaves, modules)
+            res = self._cache.call(leaves, debug)
+            if res[0] == _SPECIAL_TENSOR:
+                return self._special(leaves, in_spec, args, kwargs, debug)
+            if res[0] == _UNKEYABLE:
+                return self._eager(f"{res[6]}: only tensors, immutable values (numbers, strings, dtypes...) and "
+                                   "modules/functions (by identity) key a graph; pass it as a tensor", args, kwargs)
+            return self._finish(res, leaves, in_spec, args, kwargs)
+
+    def _spec_key(self, spec) -> str:
+        """The argument structure as a signature value: each distinct TreeSpec (compared exactly) gets a
+        number in this runner."""
+        key = self._specs.get(spec)
+        if key is None:
+            key = self._specs[spec] = f"args#{len(self._specs)}: {spec}"
+        return key
+
+    def _special(self, leaves, in_spec, args, kwargs, debug):
+        """Tensors the cache handed back: a subclass, or one that requires grad under grad mode."""
+        grad = torch.is_grad_enabled()
+        plain = list(leaves)
+        for i, x in enumerate(leaves):
+            if not isinstance(x, torch.Tensor):
+                continue
+            if grad and x.requires_grad:
+                return self._eager(f"autograd: input {i} requires grad; a captured graph returns no gradient "
+                                   "(call under torch.no_grad() or torch.inference_mode() to replay)", args, kwargs)
+            if type(x) not in (torch.Tensor, torch.nn.Parameter):
+                if _overrides_torch_function(type(x)):
+                    return self._eager(f"input {i} is a tensor subclass ({type(x).__qualname__}) that overrides "
+                                       "__torch_function__/__torch_dispatch__; a graph would drop its behaviour",
+                                       args, kwargs)
+                plain[i] = x.as_subclass(torch.Tensor)  # a subclass without behaviour: a plain tensor
+        if in_spec is None:
+            args = tuple(plain)
+        else:
+            args, kwargs = pytree.tree_unflatten(plain[:-1], in_spec)
+        return self(*args, **kwargs)
+
+    def _eager(self, reason, args, kwargs):
+        """Runs the call uncaptured for ``reason`` (counted in stats.fallbacks, logged once), or raises under
+        graph_fallback="raise"."""
+        if self.options.graph_fallback == "raise":
+            raise RuntimeError(f"fusegraph: {self.name}: cannot capture this call: {reason}")
+        with self.stats._lock:
+            self.stats.eager_calls += 1
+            self.stats.fallbacks[reason] = self.stats.fallbacks.get(reason, 0) + 1
+        if reason not in self._warned:
+            self._warned.add(reason)
+            _log.warning("fusegraph: %s runs uncaptured: %s", self.name, reason)
+        return self.fn(*args, **kwargs)
+
+    def _check_weights(self, guard, what) -> bool:
+        """Drops every captured graph when a module's weights were replaced; True when it did."""
+        changed = guard.changed()
+        if not changed:
+            return False
+        _log.info("fusegraph: %s: %s's '%s' was replaced since capture; dropping %d captured graph(s)", self.name,
+                  what, changed, len(self._cache))
+        with self.stats._lock:
+            self.stats.weight_invalidations += 1
+        self.clear()
+        if what == "fn":
+            self._fn_guard = _module_guard(_modules_of(self.fn))
+        self._arg_guards.clear()
+        return True
+
+    def _check_module_args(self, leaves, positions) -> None:
+        for p in positions:
+            m = leaves[p]
+            held = self._arg_guards.get(id(m))
+            if held is None or held[0] is not m:
+                self._arg_guards[id(m)] = (m, _module_guard([m]))
+            elif self._check_weights(held[1], f"argument {p} ({type(m).__name__})"):
+                self._arg_guards[id(m)] = (m, _module_guard([m]))
 
     def _finish(self, res, leaves, in_spec, args, kwargs):
-        status, outs, info, copied, skipped, drifted, _ = res
+        status, outs, info, copied, skipped, drifted = res[:6]
         if status == _REPLAYED:
             s = self.stats
             with s._lock:
@@ -95,20 +245,27 @@ class GraphRunner:
                 s.inputs_skipped += skipped
             if drifted:
                 self._warn_drift(drifted)
-            return outs[0] if info.out_spec is None else pytree.tree_unflatten(outs, info.out_spec)
+            if info.out_spec is None:
+                return outs[0]
+            if info.constants:
+                for j, value in info.constants.items():
+                    outs[j] = value
+            return pytree.tree_unflatten(outs, info.out_spec)
         if status == _FAILED:
             with self.stats._lock:
                 self.stats.eager_calls += 1
             return self.fn(*args, **kwargs)
+        if status != _MISS:
+            raise AssertionError(f"fusegraph: unexpected cache status {status}")
         return self._capture_and_call(leaves, in_spec, args, kwargs)
 
     def capture(self, *args, lazy: bool | None = None) -> bool:
         """Captures the signature of ``args`` now (compile-time capture). Returns False when it fell back."""
-        if all(isinstance(a, torch.Tensor) for a in args):
+        if all(type(a) in (torch.Tensor, torch.nn.Parameter) for a in args):
             leaves, in_spec = args, None
         else:
             flat, in_spec = pytree.tree_flatten((args, {}))
-            leaves = flat + [_SpecKey(in_spec)]
+            leaves = flat + [self._spec_key(in_spec)]
         with self._lock:
             return self._capture(leaves, in_spec, args, {}, lazy=lazy)
 
@@ -135,17 +292,29 @@ class GraphRunner:
         lazy = o.graph_lazy_capture if lazy is None else lazy
         if lazy != o.graph_lazy_capture:
             o = GraphOptions(**{**o.__dict__, "graph_lazy_capture": lazy})
+        # Static buffers must be plain dense tensors whatever the first caller passed: an input whose elements
+        # overlap (an expanded, stride-0 view) is captured on a dense copy, so later inputs can be copied in.
+        dense = [t.contiguous() if torch._debug_has_internal_overlap(t) != 0 else t for t in tensors]
+        if any(d is not t for d, t in zip(dense, tensors)):
+            it = iter(dense)
+            leaves = [next(it) if isinstance(x, torch.Tensor) else x for x in leaves]
+            tensors = dense
         flat_fn, out_box = self._flat_fn(leaves, in_spec, args, kwargs)
         t0 = time.perf_counter()
         try:
-            cap = driver.capture(flat_fn, tensors, o)
+            with capture_lock(), fx_tracing_window("capture"):
+                cap = driver.capture(flat_fn, tensors, o, graph=self._aten_graph if in_spec is None else None)
         except Exception as e:  # a host sync, an uncapturable op, out of memory...
-            if o.graph_fallback == "raise":
+            if o.graph_fallback == "raise" and not isinstance(e, _Uncapturable):
                 raise
+            if isinstance(e, _Uncapturable):
+                if o.graph_fallback == "raise":
+                    raise RuntimeError(f"fusegraph: {self.name}: cannot capture this call: {e}") from None
+                return self._fail(leaves, str(e))
             first = (str(e).strip().splitlines() or [""])[0][:160]
             return self._fail(leaves, f"{driver.name} capture failed: {type(e).__name__}: {first}")
         seconds = time.perf_counter() - t0
-        info = _EntryInfo(out_box.get("spec"), cap, driver.name)
+        info = _EntryInfo(out_box.get("spec"), cap, driver.name, out_box.get("constants"))
         before = self._cache.counters()
         evicted = self._cache.insert(leaves, cap.static_inputs, cap.executable, int(cap.memory_bytes), info)
         counters = self._cache.counters()
@@ -158,10 +327,25 @@ class GraphRunner:
             if cap.fallback_reason:
                 s.fallbacks[cap.fallback_reason] = s.fallbacks.get(cap.fallback_reason, 0) + 1
         self._memory = counters["graph_memory_bytes"]
+        self._note_values(leaves)
         _log.info("fusegraph: %s captured %s graph for %s (%.3f s, %.1f MiB)%s", self.name, driver.name,
                   _C.graph.GraphCache.describe_signature(leaves), seconds, cap.memory_bytes / 2**20,
                   f"; evicted {len(evicted)}" if evicted else "")
         return True
+
+    def _note_values(self, leaves) -> None:
+        """Warns once per argument position whose non-tensor value has been captured in more than
+        VALUES_PER_POSITION_WARNING graphs (each value is a graph of its own)."""
+        for i, x in enumerate(leaves):
+            if isinstance(x, torch.Tensor) or i == len(leaves) - 1:
+                continue
+            seen = self._values_seen.setdefault(i, set())
+            if len(seen) <= VALUES_PER_POSITION_WARNING:
+                seen.add(_C.graph.GraphCache.describe_signature([x]))
+                if len(seen) > VALUES_PER_POSITION_WARNING:
+                    _log.warning("fusegraph: %s has captured a graph for each of %d values of non-tensor argument "
+                                 "%d (%s); every new value captures another graph. Pass it as a tensor (e.g. "
+                                 "torch.tensor(t)) to replay one graph", self.name, len(seen), i, type(x).__name__)
 
     def _fail(self, leaves, reason) -> bool:
         self._cache.record_failure(leaves, reason)
@@ -184,9 +368,21 @@ class GraphRunner:
                 a, k = pytree.tree_unflatten(flat, in_spec)
                 out = fn(*a, **k)
             if isinstance(out, torch.Tensor):
-                box["spec"] = None
-                return [out]
-            outs, box["spec"] = pytree.tree_flatten(out)
+                outs, box["spec"] = [out], None
+            else:
+                # a torch.Size is a leaf kept as a constant of the entry: its value is fixed by the input shapes
+                # of the signature, and pytree would rebuild it as a plain tuple
+                outs, box["spec"] = pytree.tree_flatten(out, is_leaf=lambda v: type(v) is torch.Size)
+                box["constants"] = {j: o for j, o in enumerate(outs) if type(o) is torch.Size}
+                outs = [None if type(o) is torch.Size else o for o in outs]
+            for j, o in enumerate(outs):
+                if not isinstance(o, _OUTPUT_TYPES):
+                    raise _Uncapturable(f"output {j} is a {type(o).__qualname__}: a graph returns tensors, numbers, "
+                                        "strings and None (in tuples, lists, dicts or registered pytree nodes)")
+                if isinstance(o, torch.Tensor) and o.requires_grad and torch.is_grad_enabled():
+                    raise _Uncapturable(f"autograd: output {j} requires grad (parameters with requires_grad under "
+                                        "grad mode); a captured graph returns no gradient (call under "
+                                        "torch.no_grad() or torch.inference_mode() to capture)")
             return outs
 
         return flat_fn, box
@@ -215,22 +411,87 @@ class GraphRunner:
             self._memory = 0
 
 
-class _SpecKey:
-    """The pytree structure of a call's arguments as a signature value (its repr is the key)."""
+def _overrides_torch_function(cls) -> bool:
+    """A tensor subclass whose __torch_function__ or __torch_dispatch__ adds behaviour a graph would drop."""
+    tf = getattr(cls, "__torch_function__", None)
+    plain_tf = (torch.Tensor.__torch_function__, torch._C._disabled_torch_function_impl)
+    tf = getattr(tf, "__func__", tf)
+    if tf not in tuple(getattr(f, "__func__", f) for f in plain_tf):
+        return True
+    return getattr(cls, "__torch_dispatch__", None) is not getattr(torch.Tensor, "__torch_dispatch__", None)
 
-    __slots__ = ("spec",)
 
-    def __init__(self, spec):
-        self.spec = spec
+def _is_aten_graph(fn) -> bool:
+    """An FX graph of dispatcher ops only (aot_autograd's, after fusion), whose inputs are all tensors."""
+    import operator
 
-    def __repr__(self):
-        return f"args{self.spec}"
+    if not isinstance(fn, torch.fx.GraphModule):
+        return False
+    for n in fn.graph.nodes:
+        if n.op == "placeholder":
+            val = n.meta.get("val", n.meta.get("example_value"))
+            if val is not None and not isinstance(val, torch.Tensor):
+                return False
+        elif n.op == "call_function":
+            if single_overload(n.target) is None and n.target is not operator.getitem:
+                return False
+        elif n.op not in ("get_attr", "output"):
+            return False
+    return True
+
+
+def _modules_of(fn) -> list:
+    """The modules whose weights ``fn`` reads: fn itself, the object of a bound method, a partial's arguments,
+    and modules in its closure (one level)."""
+    found = []
+
+    def add(x):
+        if isinstance(x, torch.nn.Module) and all(x is not m for m in found):
+            found.append(x)
+
+    add(fn)
+    add(getattr(fn, "__self__", None))
+    if isinstance(fn, functools.partial):
+        add(fn.func)
+        add(getattr(fn.func, "__self__", None))
+        for a in list(fn.args) + list(fn.keywords.values()):
+            add(a)
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            add(cell.cell_contents)
+        except ValueError:  # an empty cell
+            pass
+    return found
+
+
+def _module_guard(modules):
+    """A C++ SlotGuard over every parameter, buffer, submodule and tensor attribute of ``modules``; None when
+    there are none."""
+    if not modules:
+        return None
+    guard = _C.graph.SlotGuard()
+    seen = set()
+    for root in modules:
+        for m in root.modules():
+            if id(m) in seen:
+                continue
+            seen.add(id(m))
+            for d in (m._parameters, m._buffers, m._modules):
+                for k, v in d.items():
+                    guard.add(d, k, v)
+            attrs = m.__dict__
+            for k, v in attrs.items():
+                if isinstance(v, torch.Tensor):
+                    guard.add(attrs, k, v)
+    return guard
 
 
 def compile_graph_route(gm, example_inputs, config=None, stats: Stats | None = None):
     """The backend's graph route: a callable that captures ``gm`` per input signature and replays it.
     See the module docstring for the contract."""
-    runner = GraphRunner(gm, config, stats=stats, name=getattr(gm, "_get_name", lambda: "graph")())
+    # the graph's weights are the backend's business: inputs, or constants it froze and guards (_FrozenGraph)
+    runner = GraphRunner(gm, config, stats=stats, name=getattr(gm, "_get_name", lambda: "graph")(),
+                         guard_weights=False)
     real = [t for t in example_inputs if isinstance(t, torch.Tensor)]
     fake = any(isinstance(t, torch._subclasses.FakeTensor) for t in real)
     if not runner.options.graph_lazy_capture and not fake and example_inputs is not None:
