@@ -172,7 +172,7 @@ class GraphLog:
     The texts are also kept (``entries``), so that a graph Inductor later serves from its cache can write them
     again (``write_cached``)."""
 
-    _hint = 0  # next number to try (process-wide): claims stay O(1) as the folder fills
+    _hints: dict = {}  # folder -> next number to try in it: claims stay O(1) as the folder fills
     _hint_lock = threading.Lock()
 
     def __init__(self, folder: Optional[str], label: str = ""):
@@ -185,7 +185,7 @@ class GraphLog:
     def _claim(self, note: str = "") -> str:
         if self.graph_name is None:
             with GraphLog._hint_lock:
-                n = GraphLog._hint
+                n = GraphLog._hints.get(self.folder, 0)
                 while True:
                     path = os.path.join(self.folder, f"graph{n:03d}_info.txt")
                     try:
@@ -193,7 +193,7 @@ class GraphLog:
                         break
                     except FileExistsError:
                         n += 1
-                GraphLog._hint = n + 1
+                GraphLog._hints[self.folder] = n + 1
             with os.fdopen(fd, "w") as f:
                 f.write(f"{self.label}\npid {os.getpid()}, {time.strftime('%Y-%m-%d %H:%M:%S')}\n{note}")
             self.graph_name = f"graph{n:03d}"
