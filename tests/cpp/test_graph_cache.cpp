@@ -166,6 +166,28 @@ TEST(GraphCache, RecaptureFalseNamesPositionAndBothSignatures) {
   }
 }
 
+// A graph captured without autograd is not the one for a call with grad mode on (and the reverse).
+TEST(GraphCache, GradModeIsPartOfTheSignature) {
+  auto x = at::randn({2, 3});
+  fg::Signature off = sig_of(x);
+  fg::Signature on;
+  on.add_tensor(x);
+  on.grad_mode = true;
+  on.finish();
+  EXPECT_FALSE(off == on);
+  EXPECT_NE(on.describe().find("grad mode on"), std::string::npos) << on.describe();
+  fg::GraphCache cache({});
+  add_entry(cache, x);
+  EXPECT_EQ(cache.call(off, {x}).status, fg::LookupStatus::Replayed);
+  EXPECT_EQ(cache.call(on, {x}).status, fg::LookupStatus::Miss);
+  fg::CacheOptions strict;
+  strict.recapture = false;
+  fg::GraphCache once(strict);
+  add_entry(once, x);
+  EXPECT_NE(once.mismatch_error(on).find("captured with grad mode off, called with it on"), std::string::npos)
+      << once.mismatch_error(on);
+}
+
 TEST(GraphCache, FailedSignaturesAreRemembered) {
   fg::GraphCache cache({});
   auto x = at::randn({3});
