@@ -61,6 +61,18 @@ at::ScalarType check_adaln_args(const at::Tensor& x, const at::Tensor& scale, co
   return t;
 }
 
+at::Tensor adaln_float64(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift, double eps,
+                         const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                         at::ScalarType out_dtype) {
+  const auto f64 = [](const std::optional<at::Tensor>& t) {
+    return t.has_value() && t->defined() ? std::optional<at::Tensor>(t->to(at::kDouble)) : std::nullopt;
+  };
+  const at::Tensor y = at::layer_norm(x.to(at::kDouble), {x.size(-1)}, f64(weight), f64(bias), eps) *
+                           (1 + scale.to(at::kDouble)) +
+                       shift.to(at::kDouble);
+  return new_output(x.sizes(), x.options().dtype(out_dtype)).copy_(y);
+}
+
 namespace {
 
 at::Tensor last_dim_contiguous(const at::Tensor& t) {
@@ -73,6 +85,10 @@ at::Tensor adaln_cpu(const at::Tensor& x_in, const at::Tensor& scale_in, const a
   const at::ScalarType out_dtype = check_adaln_args(x_in, scale_in, shift_in, eps, weight_in, bias_in, out_dtype_in);
   const bool has_w = weight_in.has_value() && weight_in->defined();
   const bool has_b = bias_in.has_value() && bias_in->defined();
+  if (uses_float64({&x_in, &scale_in, &shift_in, has_w ? &*weight_in : nullptr, has_b ? &*bias_in : nullptr},
+                   out_dtype)) {
+    return adaln_float64(x_in, scale_in, shift_in, eps, weight_in, bias_in, out_dtype);
+  }
 
   const at::Tensor x = last_dim_contiguous(x_in);
   const int64_t D = x.size(-1);

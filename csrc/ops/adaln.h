@@ -15,6 +15,12 @@ at::ScalarType check_adaln_args(const at::Tensor& x, const at::Tensor& scale, co
                                 const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
                                 std::optional<at::ScalarType> out_dtype);
 
+// The float64 path (any tensor argument or out_dtype float64): layer_norm(x, [D], w, b, eps) * (1 + scale) +
+// shift with at:: ops in float64, rounded once to out_dtype into a contiguous output. Device-agnostic.
+at::Tensor adaln_float64(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift, double eps,
+                         const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                         at::ScalarType out_dtype);
+
 // ---- CPU kernel interface (csrc/ops/cpu/adaln_kernel.cpp) ----
 
 // One call modulates `rows` rows of D elements. x/scale/shift rows start at the layout's offsets

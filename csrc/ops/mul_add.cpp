@@ -1,5 +1,6 @@
 #include "ops/mul_add.h"
 
+#include <ATen/ATen.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -87,11 +88,22 @@ at::ScalarType check_mul_add_scalar_args(const at::Tensor& a, const c10::Scalar&
   return out_dtype.value_or(promote(of(a), of(c)).dtype);
 }
 
+at::Tensor mul_add_float64(const at::Tensor& a, const at::Tensor& b, double b_value, const at::Tensor& c,
+                           at::ScalarType out_dtype) {
+  const at::Tensor a64 = a.to(at::kDouble);
+  const at::Tensor prod = b.defined() ? a64 * b.to(at::kDouble) : a64 * b_value;
+  const at::Tensor y = prod + c.to(at::kDouble);
+  const std::vector<int64_t> shape = mul_add_output_shape(a.sizes(), b.defined() ? b.sizes() : at::IntArrayRef{},
+                                                          c.sizes());
+  return new_output(shape, a.options().dtype(out_dtype)).copy_(y);
+}
+
 namespace {
 
 at::Tensor mul_add_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& c,
                        std::optional<at::ScalarType> out_dtype) {
   const at::ScalarType dtype = check_mul_add_args(a, b, c, out_dtype);
+  if (uses_float64({&a, &b, &c}, dtype)) return mul_add_float64(a, b, 0.0, c, dtype);
   at::Tensor out = new_output(mul_add_output_shape(a.sizes(), b.sizes(), c.sizes()), a.options().dtype(dtype));
   if (out.numel() > 0) mul_add_stub.get("mul_add")(a, &b, 0.0f, c, out);
   return out;
@@ -100,6 +112,7 @@ at::Tensor mul_add_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tenso
 at::Tensor mul_add_scalar_cpu(const at::Tensor& a, const c10::Scalar& b, const at::Tensor& c,
                               std::optional<at::ScalarType> out_dtype) {
   const at::ScalarType dtype = check_mul_add_scalar_args(a, b, c, out_dtype);
+  if (uses_float64({&a, &c}, dtype)) return mul_add_float64(a, at::Tensor(), b.toDouble(), c, dtype);
   at::Tensor out = new_output(mul_add_output_shape(a.sizes(), {}, c.sizes()), a.options().dtype(dtype));
   // Eager rounds the number to the float32 compute type too (opmath of every supported dtype is float).
   if (out.numel() > 0) mul_add_stub.get("mul_add")(a, nullptr, static_cast<float>(b.toDouble()), c, out);

@@ -6,12 +6,16 @@
 TORCH_LIBRARY(fusegraph, m) {
   // set_python_module applies to the defs after it: it names the module that holds each op's fake kernel.
   m.set_python_module("fusegraph.ops.rms_norm");
-  m.def("rms_norm(Tensor x, Tensor? weight=None, float eps=1e-06, *, Tensor? bias=None, str style=\"torch\") -> Tensor");
+  // Every tensor argument is positional (bias, and adaln's weight/bias, may still be passed by keyword):
+  // torch.library.register_autograd refuses keyword-only tensors (docs/DESIGN.md §3.1, gradients).
+  m.def("rms_norm(Tensor x, Tensor? weight=None, float eps=1e-06, Tensor? bias=None, *, str style=\"torch\") -> Tensor");
   m.set_python_module("fusegraph.ops.rope");
-  m.def("rope(Tensor x, Tensor cos, Tensor sin, *, bool interleaved=True) -> Tensor");
+  // interleaved is a bool; it is declared `Scalar?` so that the op itself sees and rejects None and numbers,
+  // which a `bool` argument would silently coerce (None -> False: rotate-half).
+  m.def("rope(Tensor x, Tensor cos, Tensor sin, *, Scalar? interleaved=True) -> Tensor");
   m.set_python_module("fusegraph.ops.adaln");
   m.def(
-      "adaln(Tensor x, Tensor scale, Tensor shift, float eps=1e-06, *, Tensor? weight=None, Tensor? bias=None, "
+      "adaln(Tensor x, Tensor scale, Tensor shift, float eps=1e-06, Tensor? weight=None, Tensor? bias=None, *, "
       "ScalarType? out_dtype=None) -> Tensor");
   m.set_python_module("fusegraph.ops.gelu");
   m.def("gelu_tanh(Tensor x) -> Tensor");

@@ -44,12 +44,35 @@ at::ScalarType check_rms_norm_args(const at::Tensor& x, const std::optional<at::
   check_eps(eps, "rms_norm");
   // Output dtype = what the eager expression gives (docs/notes/norm.md):
   //   torch:     torch.rms_norm(x, [D], w, eps) (+ bias)  -> x.dtype (promoted with bias.dtype)
-  //   diffusers: half weight -> weight.dtype (promoted with bias); fp32 weight -> float32;
+  //   diffusers: half weight -> weight.dtype (promoted with bias); fp32 weight -> float32 (float64 when
+  //              x or the weight is float64: the float32 normalised value times w promotes);
   //              no weight -> x.dtype (promoted with bias).
   at::ScalarType out = x.scalar_type();
-  if (style == RmsNormStyle::Diffusers && has_w) out = is_half(weight->scalar_type()) ? weight->scalar_type() : at::kFloat;
+  if (style == RmsNormStyle::Diffusers && has_w) {
+    const at::ScalarType wt = weight->scalar_type();
+    out = is_half(wt) ? wt : at::promote_types(at::kFloat, at::promote_types(x.scalar_type(), wt));
+  }
   if (has_b) out = at::promote_types(out, bias->scalar_type());
   return out;
+}
+
+at::Tensor rms_norm_float64(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
+                            const std::optional<at::Tensor>& bias, RmsNormStyle style, at::ScalarType out_dtype) {
+  const bool has_w = weight.has_value() && weight->defined();
+  const bool has_b = bias.has_value() && bias->defined();
+  const at::Tensor x64 = x.to(at::kDouble);
+  at::Tensor y = x64 * at::rsqrt(x64.square().mean(-1, /*keepdim=*/true) + eps);
+  // diffusers with a half weight: the normalised value and the product are rounded to weight.dtype.
+  const bool round = style == RmsNormStyle::Diffusers && has_w && is_half(weight->scalar_type());
+  if (has_w) {
+    if (round) y = y.to(weight->scalar_type()).to(at::kDouble);
+    y = y * weight->to(at::kDouble);
+  }
+  if (has_b) {
+    if (round) y = y.to(weight->scalar_type()).to(at::kDouble);
+    y = y + bias->to(at::kDouble);
+  }
+  return new_output(x.sizes(), x.options().dtype(out_dtype)).copy_(y);
 }
 
 namespace {
@@ -60,6 +83,9 @@ at::Tensor rms_norm_cpu(const at::Tensor& x_in, const std::optional<at::Tensor>&
   const at::ScalarType out_dtype = check_rms_norm_args(x_in, weight_in, eps, bias_in, style);
   const bool has_w = weight_in.has_value() && weight_in->defined();
   const bool has_b = bias_in.has_value() && bias_in->defined();
+  if (uses_float64({&x_in, has_w ? &*weight_in : nullptr, has_b ? &*bias_in : nullptr})) {
+    return rms_norm_float64(x_in, weight_in, eps, bias_in, style, out_dtype);
+  }
 
   // Rows may be strided; the last dim must be contiguous for vector loads.
   const at::Tensor x = (x_in.size(-1) <= 1 || x_in.stride(-1) == 1) ? x_in : x_in.contiguous();

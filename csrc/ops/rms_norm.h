@@ -21,6 +21,12 @@ RmsNormStyle parse_rms_norm_style(c10::string_view style);
 at::ScalarType check_rms_norm_args(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
                                    const std::optional<at::Tensor>& bias, RmsNormStyle style);
 
+// The float64 path (any tensor argument float64): the documented math with at:: ops in float64, diffusers
+// rounding points included, rounded once to out_dtype into a contiguous output. Device-agnostic; the CPU
+// and CUDA entry points call it after check_rms_norm_args instead of their kernels.
+at::Tensor rms_norm_float64(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
+                            const std::optional<at::Tensor>& bias, RmsNormStyle style, at::ScalarType out_dtype);
+
 // ---- CPU kernel interface (csrc/ops/cpu/rms_norm_kernel.cpp) ----
 
 // One call normalises `rows` rows of D elements. x rows start at the layout's offsets (last dim

@@ -1,6 +1,11 @@
 #include "ops/rope.h"
 
+#include <ATen/ATen.h>
+#include <c10/util/StringUtil.h>
 #include <torch/library.h>
+
+#include <string>
+#include <vector>
 
 #include "common/checks.h"
 #include "common/output.h"
@@ -49,10 +54,40 @@ void check_rope_args(const at::Tensor& x, const at::Tensor& cos, const at::Tenso
   }
 }
 
+bool check_rope_interleaved(const std::optional<c10::Scalar>& interleaved) {
+  if (interleaved.has_value() && interleaved->isBoolean()) return interleaved->toBool();
+  std::string seen = "None";
+  if (interleaved.has_value()) {
+    const c10::Scalar& v = *interleaved;
+    seen = v.isIntegral(false) ? "the int " + std::to_string(v.toLong())
+           : v.isFloatingPoint() ? "the float " + c10::str(v.toDouble())
+                                 : "the complex number " + c10::str(v.toComplexDouble());
+  }
+  TORCH_CHECK_TYPE(false, "fusegraph.rope: argument 'interleaved' is ", seen,
+                   "; expected a bool: True (interleaved pairs) or False (rotate-half)");
+}
+
+at::Tensor rope_float64(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool interleaved) {
+  const at::Tensor x64 = x.to(at::kDouble);
+  at::Tensor rotated;
+  if (interleaved) {  // pairs (x0, x1) -> (-x1, x0)
+    const std::vector<at::Tensor> pairs = x64.unflatten(-1, {-1, 2}).unbind(-1);
+    rotated = at::stack({-pairs[1], pairs[0]}, -1).flatten(-2);
+  } else {  // rotate-half: cat(-x2, x1)
+    const std::vector<at::Tensor> halves = x64.chunk(2, -1);
+    rotated = at::cat({-halves[1], halves[0]}, -1);
+  }
+  const at::Tensor y = x64 * cos.to(at::kDouble) + rotated * sin.to(at::kDouble);
+  return new_output(x.sizes(), x.options()).copy_(y);
+}
+
 namespace {
 
-at::Tensor rope_cpu(const at::Tensor& x_in, const at::Tensor& cos_in, const at::Tensor& sin_in, bool interleaved) {
+at::Tensor rope_cpu(const at::Tensor& x_in, const at::Tensor& cos_in, const at::Tensor& sin_in,
+                    const std::optional<c10::Scalar>& interleaved_in) {
   check_rope_args(x_in, cos_in, sin_in);
+  const bool interleaved = check_rope_interleaved(interleaved_in);
+  if (uses_float64({&x_in, &cos_in, &sin_in})) return rope_float64(x_in, cos_in, sin_in, interleaved);
   at::Tensor out = new_output(x_in.sizes(), x_in.options());
   if (out.numel() == 0) return out;
   // Kernels need unit stride along D only; any other layout (transposed views, sliced tables) is read in place.

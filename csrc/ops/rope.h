@@ -1,6 +1,9 @@
 #pragma once
 // Rotary position embedding: (x.float() * cos + rot(x).float() * sin).to(x.dtype).
 #include <ATen/core/Tensor.h>
+#include <c10/core/Scalar.h>
+
+#include <optional>
 
 #include "ops/cpu/dispatch.h"
 
@@ -9,6 +12,14 @@ namespace fusegraph {
 // Validates x (rank 4: [B,S,H,D] or [B,H,S,D], D even), cos/sin (fp32 or x.dtype, same shape, broadcastable
 // to x: [S,D], [1,S,1,D], [1,1,S,D], [B,S,1,D]) and devices. Shared by the CPU and CUDA entry points.
 void check_rope_args(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+// `interleaved` as the schema passes it (Scalar?): its bool value; TypeError naming the argument for None or a
+// number (a `bool` schema argument would have turned None into False, i.e. rotate-half, silently).
+bool check_rope_interleaved(const std::optional<c10::Scalar>& interleaved);
+
+// The float64 path (any tensor argument float64): x * cos + rot(x) * sin with at:: ops in float64, rounded
+// once to x.dtype into a contiguous output. Device-agnostic.
+at::Tensor rope_float64(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool interleaved);
 
 // Details of the contract above, for kernels: cos and sin also share one dtype (float32 or x.dtype); their
 // rank is 1..4, aligned to x from the right like eager broadcasting; each dim is 1 or x's size there, and the

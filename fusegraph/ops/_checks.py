@@ -1,13 +1,15 @@
 """Argument checks shared by the fake (meta) kernels; messages match the C++ ones in csrc/common/checks.h."""
 import torch
 
-FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# The kernels read and write float32 / bfloat16 / float16; float64 is accepted too (gradcheck): an op with a
+# float64 argument computes its documented math with at:: ops in float64 (csrc/common/checks.h uses_float64).
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
 def check_float_tensor(t: torch.Tensor, op: str, arg: str) -> None:
     if t.dtype not in FLOAT_DTYPES:
         raise RuntimeError(
-            f"fusegraph.{op}: argument '{arg}' has dtype {t.dtype}; expected float32, bfloat16 or float16"
+            f"fusegraph.{op}: argument '{arg}' has dtype {t.dtype}; expected float32, bfloat16, float16 or float64"
         )
 
 
@@ -27,5 +29,5 @@ def check_eps(eps: float, op: str) -> None:
 def check_out_dtype(out_dtype, op: str) -> None:
     if out_dtype is not None and out_dtype not in FLOAT_DTYPES:
         raise ValueError(
-            f"fusegraph.{op}: argument 'out_dtype' is {out_dtype}; expected float32, bfloat16 or float16"
+            f"fusegraph.{op}: argument 'out_dtype' is {out_dtype}; expected float32, bfloat16, float16 or float64"
         )

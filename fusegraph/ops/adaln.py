@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from ._autograd import compute_dtype, grad_like, needs_input_grad, rows_sum, sum_to
 from ._checks import check_eps, check_float_tensor, check_out_dtype, check_same_device
 
 
@@ -25,6 +26,13 @@ def adaln(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, eps: float 
     (``torch.result_type`` over ``x, scale, shift, weight, bias``). Wan's
     ``(LayerNorm(x.float()) * (1 + scale) + shift).type_as(x)`` is ``adaln(x, scale, shift, out_dtype=x.dtype)``.
     Output is contiguous with ``x``'s shape.
+
+    float64: when any tensor argument or ``out_dtype`` is float64 the same math runs in float64 with plain
+    torch ops (not the fused kernel).
+
+    Differentiable in ``x``, ``scale``, ``shift``, ``weight`` and ``bias``: eager's gradients, computed with plain
+    torch ops in float32 (float64 for float64 arguments), each returned in its argument's dtype and shape
+    (summed over the dims a ``[B, 1, D]`` or ``[D]`` modulation was broadcast along).
     """
     return torch.ops.fusegraph.adaln(x, scale, shift, eps, weight=weight, bias=bias, out_dtype=out_dtype)
 
@@ -83,6 +91,48 @@ def check_adaln_args(x, scale, shift, eps, weight, bias, out_dtype) -> torch.dty
 
 
 @torch.library.register_fake("fusegraph::adaln")
-def _adaln_fake(x, scale, shift, eps=1e-6, *, weight=None, bias=None, out_dtype=None):
+def _adaln_fake(x, scale, shift, eps=1e-6, weight=None, bias=None, *, out_dtype=None):
     dtype = check_adaln_args(x, scale, shift, eps, weight, bias, out_dtype)
     return torch.empty_like(x, dtype=dtype, memory_format=torch.contiguous_format)
+
+
+# --- gradients: y = a * (1 + scale) + shift, a = ln * w + b, ln = (x - mean) * r, r = (var + eps)^-1/2 ------
+# dshift = g, dscale = g * a, gz = g * (1 + scale), dw = sum_rows(gz * ln), db = sum_rows(gz),
+# dx = r * (gl - mean(gl) - ln * mean(gl * ln)) with gl = gz * w; modulation grads summed to their shapes.
+
+def _adaln_setup_context(ctx, inputs, keyword_only_inputs, output):
+    x, scale, shift, eps, weight, bias = inputs
+    ctx.save_for_backward(x, scale, weight, bias)
+    ctx.eps = eps
+    ctx.shift_meta = (shift.shape, shift.dtype)
+
+
+def _adaln_backward(ctx, grad):
+    x, scale, weight, bias = ctx.saved_tensors
+    need_x, need_scale, need_shift, _, need_w, need_b = needs_input_grad(ctx, 6)
+    shift_shape, shift_dtype = ctx.shift_meta
+    ct = compute_dtype(x, scale, weight, bias, grad, shift_dtype)
+    g = grad.to(ct)
+    xc = x.to(ct)
+    xm = xc - xc.mean(-1, keepdim=True)
+    rstd = torch.rsqrt(xm.square().mean(-1, keepdim=True) + ctx.eps)
+    ln = xm * rstd
+    dx = dscale = dshift = dw = db = None
+    if need_shift:
+        dshift = sum_to(g, shift_shape, shift_dtype)
+    if need_scale:
+        a = ln * weight.to(ct) if weight is not None else ln
+        a = a + bias.to(ct) if bias is not None else a
+        dscale = grad_like(g * a, scale)
+    gz = g * (1 + scale.to(ct))
+    if need_w and weight is not None:
+        dw = rows_sum(gz * ln).to(weight.dtype)
+    if need_b and bias is not None:
+        db = rows_sum(gz).to(bias.dtype)
+    if need_x:
+        gl = gz * weight.to(ct) if weight is not None else gz
+        dx = (rstd * (gl - gl.mean(-1, keepdim=True) - ln * (gl * ln).mean(-1, keepdim=True))).to(x.dtype)
+    return dx, dscale, dshift, None, dw, db
+
+
+torch.library.register_autograd("fusegraph::adaln", _adaln_backward, setup_context=_adaln_setup_context)

@@ -3,6 +3,7 @@ from numbers import Number
 
 import torch
 
+from ._autograd import compute_dtype, grad_like, needs_input_grad
 from ._checks import check_float_tensor, check_out_dtype, check_same_device
 
 
@@ -20,6 +21,13 @@ def mul_add(a: torch.Tensor, b, c: torch.Tensor, *, out_dtype: torch.dtype | Non
     Covers the gated residual ``residual + gate.unsqueeze(1) * y`` as ``mul_add(y, gate[:, None], residual)``
     and Wan's ``(h.float() + y.float() * gate).type_as(h)`` as
     ``mul_add(y, gate, h, out_dtype=h.dtype)``.
+
+    float64: when any tensor argument or ``out_dtype`` is float64 the same math runs in float64 with plain torch
+    ops (not the fused kernel; a number ``b`` is then not rounded to float32).
+
+    Differentiable in ``a``, ``b`` (a tensor) and ``c``: :math:`da = g\,b`, :math:`db = g\,a`, :math:`dc = g`, each
+    summed over the dims its argument was broadcast along and returned in its dtype (math in float32, float64
+    for float64 arguments).
     """
     if isinstance(b, torch.Tensor):
         return torch.ops.fusegraph.mul_add(a, b, c, out_dtype=out_dtype)
@@ -87,3 +95,30 @@ def _mul_add_scalar_fake(a, b, c, *, out_dtype=None):
     check_out_dtype(out_dtype, "mul_add")
     dtype = out_dtype or _result_dtype(a, c)
     return a.new_empty(shape, dtype=dtype)
+
+
+# --- gradients: y = a * b + c (plain torch ops in float32, float64 for float64 arguments) ----------------
+
+def _mul_add_setup_context(ctx, inputs, keyword_only_inputs, output):
+    a, b, c = inputs
+    ctx.save_for_backward(a, b if isinstance(b, torch.Tensor) else None, c)
+    ctx.b_number = None if isinstance(b, torch.Tensor) else b
+
+
+def _mul_add_backward(ctx, grad):
+    a, b, c = ctx.saved_tensors
+    need_a, need_b, need_c = needs_input_grad(ctx, 3)
+    ct = compute_dtype(a, b, c, grad)
+    g = grad.to(ct)
+    da = db = dc = None
+    if need_a:
+        da = grad_like(g * (b.to(ct) if b is not None else ctx.b_number), a)
+    if need_b and b is not None:
+        db = grad_like(g * a.to(ct), b)
+    if need_c:
+        dc = grad_like(g, c)
+    return da, db, dc
+
+
+torch.library.register_autograd("fusegraph::mul_add", _mul_add_backward, setup_context=_mul_add_setup_context)
+torch.library.register_autograd("fusegraph::mul_add.Scalar", _mul_add_backward, setup_context=_mul_add_setup_context)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from ._autograd import compute_dtype, needs_input_grad, rows_sum
 from ._checks import check_eps, check_float_tensor, check_same_device
 
 STYLES = ("torch", "diffusers")
@@ -30,6 +31,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1
     * no ``weight``: :math:`y = n (+ b)`, result ``x.dtype`` (promoted with ``bias.dtype``).
 
     ``weight`` and ``bias`` are ``[D]``. Output is contiguous with ``x``'s shape.
+
+    float64: when any tensor argument is float64 the same math runs in float64 (``eps`` added in float64;
+    diffusers' rounding points kept) with plain torch ops, not the fused kernel; a float32 ``weight`` in
+    diffusers style then gives a float64 result, as eager does.
+
+    Differentiable in ``x``, ``weight`` and ``bias``: eager's gradients, computed with plain torch ops in
+    float32 (float64 for float64 arguments), each returned in its argument's dtype.
     """
     return torch.ops.fusegraph.rms_norm(x, weight, eps, bias=bias, style=style)
 
@@ -39,7 +47,8 @@ def rms_norm_out_dtype(x: torch.Tensor, weight: torch.Tensor | None, bias: torch
     """The output dtype of :func:`rms_norm` (same rule as ``check_rms_norm_args`` in C++)."""
     out = x.dtype
     if style == "diffusers" and weight is not None:
-        out = weight.dtype if weight.dtype in _HALF else torch.float32
+        out = weight.dtype if weight.dtype in _HALF else \
+            torch.promote_types(torch.float32, torch.promote_types(x.dtype, weight.dtype))
     if bias is not None:
         out = torch.promote_types(out, bias.dtype)
     return out
@@ -74,6 +83,44 @@ def check_rms_norm_args(x, weight, eps, bias, style) -> torch.dtype:
 
 
 @torch.library.register_fake("fusegraph::rms_norm")
-def _rms_norm_fake(x, weight=None, eps=1e-6, *, bias=None, style="torch"):
+def _rms_norm_fake(x, weight=None, eps=1e-6, bias=None, *, style="torch"):
     dtype = check_rms_norm_args(x, weight, eps, bias, style)
     return torch.empty_like(x, dtype=dtype, memory_format=torch.contiguous_format)
+
+
+# --- gradients: y = n * w + b, n = x * r, r = (mean(x^2) + eps)^-1/2 --------------------------------------
+# dx = r * (gn - n * mean(gn * n)) with gn = g * w; dw = sum_rows(g * n); db = sum_rows(g). In diffusers style
+# with a half weight, dw uses n rounded to weight.dtype, the value the forward multiplied (its roundings
+# themselves pass gradients straight through, as eager's casts do).
+
+def _rms_norm_setup_context(ctx, inputs, keyword_only_inputs, output):
+    x, weight, eps, bias = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.eps = eps
+    ctx.bias_dtype = bias.dtype if bias is not None else None
+    ctx.style = keyword_only_inputs["style"]
+
+
+def _rms_norm_backward(ctx, grad):
+    x, weight = ctx.saved_tensors
+    ct = compute_dtype(x, weight, grad, ctx.bias_dtype)
+    g = grad.to(ct)
+    xc = x.to(ct)
+    rstd = torch.rsqrt(xc.square().mean(-1, keepdim=True) + ctx.eps)
+    n = xc * rstd
+    need_x, need_w, _, need_b = needs_input_grad(ctx, 4)
+    dx = dw = db = None
+    gn = g
+    if weight is not None:
+        gn = g * weight.to(ct)
+        if need_w:
+            n_w = n.to(weight.dtype).to(ct) if ctx.style == "diffusers" and weight.dtype in _HALF else n
+            dw = rows_sum(g * n_w).to(weight.dtype)
+    if need_x:
+        dx = (rstd * (gn - n * (gn * n).mean(-1, keepdim=True))).to(x.dtype)
+    if need_b:
+        db = rows_sum(g).to(ctx.bias_dtype)
+    return dx, dw, None, db
+
+
+torch.library.register_autograd("fusegraph::rms_norm", _rms_norm_backward, setup_context=_rms_norm_setup_context)

@@ -1,6 +1,7 @@
 """Rotary position embedding (``rope``): diffusers' ``apply_rotary_emb(use_real=True)`` in one kernel."""
 import torch
 
+from ._autograd import compute_dtype, grad_like, needs_input_grad
 from ._checks import check_float_tensor, check_same_device
 
 
@@ -20,7 +21,16 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: 
     shape and one dtype (float32 or ``x.dtype``), broadcast to ``x`` like eager (right-aligned): ``[S, D]``
     (for ``[B, H, S, D]``), ``[1, S, 1, D]``, ``[1, 1, S, D]``, ``[B, S, 1, D]``; slices of bigger tables are
     read in place. Math in float32, rounded once to ``x.dtype``; the output is contiguous with ``x``'s shape.
-    Equals ``(x.float() * cos + rot(x).float() * sin).to(x.dtype)``.
+    Equals ``(x.float() * cos + rot(x).float() * sin).to(x.dtype)``. ``interleaved`` must be a bool: None or a
+    number raises TypeError (a plain ``bool`` schema argument would have read None as False, rotate-half).
+
+    float64: when any tensor argument is float64 the same math runs in float64 with plain torch ops (not the
+    fused kernel).
+
+    Differentiable in ``x``, ``cos`` and ``sin``: :math:`dx = g \odot \cos - \operatorname{rot}(g \odot \sin)`
+    (rot is antisymmetric), :math:`d\cos = g \odot x`, :math:`d\sin = g \odot \operatorname{rot}(x)`, the table
+    grads summed over their broadcast dims; plain torch ops in float32 (float64 for float64 arguments), each
+    returned in its argument's dtype.
     """
     return torch.ops.fusegraph.rope(x, cos, sin, interleaved=interleaved)
 
@@ -72,7 +82,57 @@ def check_rope_args(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> No
             )
 
 
+def check_rope_interleaved(interleaved) -> bool:
+    """As csrc/ops/rope.cpp check_rope_interleaved: a bool, else TypeError with the same message."""
+    if isinstance(interleaved, bool):
+        return interleaved
+    if interleaved is None:
+        seen = "None"
+    elif isinstance(interleaved, int):
+        seen = f"the int {interleaved}"
+    elif isinstance(interleaved, float):
+        seen = f"the float {interleaved:g}"
+    else:
+        seen = f"the {type(interleaved).__name__} {interleaved!r}"
+    raise TypeError(f"fusegraph.rope: argument 'interleaved' is {seen}; "
+                    "expected a bool: True (interleaved pairs) or False (rotate-half)")
+
+
 @torch.library.register_fake("fusegraph::rope")
 def _rope_fake(x, cos, sin, *, interleaved=True):
     check_rope_args(x, cos, sin)
+    check_rope_interleaved(interleaved)
     return x.new_empty(x.shape)
+
+
+def _rot(x: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """interleaved: pairs (x0, x1) -> (-x1, x0); otherwise rotate-half cat(-x2, x1)."""
+    if interleaved:
+        x0, x1 = x.unflatten(-1, (-1, 2)).unbind(-1)
+        return torch.stack([-x1, x0], dim=-1).flatten(-2)
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def _rope_setup_context(ctx, inputs, keyword_only_inputs, output):
+    x, cos, sin = inputs
+    ctx.save_for_backward(x, cos, sin)
+    ctx.interleaved = keyword_only_inputs["interleaved"]
+
+
+def _rope_backward(ctx, grad):
+    x, cos, sin = ctx.saved_tensors
+    need_x, need_cos, need_sin = needs_input_grad(ctx, 3)
+    ct = compute_dtype(x, cos, sin, grad)
+    g = grad.to(ct)
+    dx = dcos = dsin = None
+    if need_x:
+        dx = (g * cos.to(ct) - _rot(g * sin.to(ct), ctx.interleaved)).to(x.dtype)
+    if need_cos:
+        dcos = grad_like(g * x.to(ct), cos)
+    if need_sin:
+        dsin = grad_like(g * _rot(x.to(ct), ctx.interleaved), sin)
+    return dx, dcos, dsin
+
+
+torch.library.register_autograd("fusegraph::rope", _rope_backward, setup_context=_rope_setup_context)

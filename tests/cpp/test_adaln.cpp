@@ -77,4 +77,20 @@ TEST(Adaln, BadArgumentsNameTheArgument) {
   EXPECT_THROW(call_adaln(at::randn({8}), at::randn({8}), at::randn({8}), 1e-6), c10::Error);
 }
 
+TEST(Adaln, Float64PathIsTheMathInDouble) {
+  const at::Tensor x = at::randn({2, 3, 16}, at::kDouble) + 3.0;
+  const at::Tensor emb = at::randn({2, 32}, at::kDouble);
+  const at::Tensor scale = emb.slice(1, 0, 16).unsqueeze(1), shift = emb.slice(1, 16, 32).unsqueeze(1);
+  const at::Tensor w = at::randn({16}, at::kDouble), b = at::randn({16}, at::kDouble);
+  const at::Tensor out = call_adaln(x, scale, shift, 1e-5, w, b);
+  EXPECT_EQ(out.scalar_type(), at::kDouble);
+  EXPECT_TRUE(at::allclose(out, composition64(x, scale, shift, 1e-5, w, b), 1e-12, 1e-12));
+  // float32 inputs with out_dtype=float64 take the same path
+  const at::Tensor out2 = call_adaln(x.to(at::kFloat), scale.to(at::kFloat), shift.to(at::kFloat), 1e-5,
+                                     std::nullopt, std::nullopt, at::kDouble);
+  EXPECT_EQ(out2.scalar_type(), at::kDouble);
+  EXPECT_TRUE(at::allclose(out2, composition64(x.to(at::kFloat), scale.to(at::kFloat), shift.to(at::kFloat), 1e-5),
+                           1e-12, 1e-12));
+}
+
 }  // namespace

@@ -101,4 +101,16 @@ TEST(MulAdd, ChecksNameTheArgument) {
             std::string::npos);
 }
 
+TEST(MulAdd, Float64PathIsTheMathInDouble) {
+  const at::Tensor a = at::randn({2, 3, 8}, at::kDouble), gate = at::randn({2, 1, 8}, at::kDouble);
+  const at::Tensor c = at::randn({3, 8}, at::kDouble);
+  const at::Tensor out = mul_add(a, gate, c);
+  EXPECT_EQ(out.scalar_type(), at::kDouble);
+  EXPECT_TRUE(at::allclose(out, a * gate + c, 1e-12, 1e-12));
+  const at::Tensor out_s = mul_add(a, at::Scalar(0.1), c);  // 0.1 in double, not rounded to float32
+  EXPECT_TRUE(at::allclose(out_s, a * 0.1 + c, 1e-15, 1e-15));
+  EXPECT_EQ(mul_add(a.to(at::kFloat), gate, c.to(at::kFloat)).scalar_type(), at::kDouble);
+  EXPECT_EQ(mul_add(a, gate, c, at::kBFloat16).scalar_type(), at::kBFloat16);
+}
+
 }  // namespace

@@ -85,4 +85,16 @@ TEST(RmsNorm, OutputDtypeRule) {
             at::kBFloat16);
 }
 
+TEST(RmsNorm, Float64PathIsTheMathInDouble) {
+  // float64 (for gradcheck): at:: ops in double, not a kernel; diffusers style with an fp32 weight gives double.
+  const at::Tensor x = at::randn({3, 5, 19}, at::kDouble).transpose(0, 1), w = at::randn({19}, at::kDouble);
+  const at::Tensor out = call_rms_norm(x, w, 1e-5, std::nullopt, "torch");
+  EXPECT_EQ(out.scalar_type(), at::kDouble);
+  EXPECT_TRUE(out.is_contiguous());
+  EXPECT_TRUE(at::allclose(out, at::rms_norm(x, {19}, w, 1e-5), 1e-12, 1e-12));
+  EXPECT_EQ(fusegraph::check_rms_norm_args(x, w.to(at::kFloat), 1e-6, std::nullopt, fusegraph::RmsNormStyle::Diffusers),
+            at::kDouble);
+  EXPECT_EQ(call_rms_norm(x, w.to(at::kFloat), 1e-5, std::nullopt, "diffusers").scalar_type(), at::kDouble);
+}
+
 }  // namespace

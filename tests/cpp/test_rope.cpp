@@ -11,8 +11,9 @@ namespace {
 at::Tensor rope_op(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool interleaved) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("fusegraph::rope", "")
-                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, bool)>();
-  return op.call(x, cos, sin, interleaved);
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                               const std::optional<c10::Scalar>&)>();
+  return op.call(x, cos, sin, c10::Scalar(interleaved));
 }
 
 // diffusers' apply_rotary_emb(use_real=True) in ATen ops, in float64.
@@ -90,6 +91,42 @@ TEST(Rope, ChecksNameTheArgument) {
   const at::Tensor meta = at::empty({3, 1, 8}, at::TensorOptions().device(at::kMeta));
   EXPECT_NE(message([&] { fusegraph::check_rope_args(x, ok, meta); }).find("argument 'sin' is on meta but 'x' is on cpu"),
             std::string::npos);
+}
+
+TEST(Rope, Float64PathIsTheMathInDouble) {
+  const at::Tensor x = at::randn({2, 5, 3, 12}, at::kDouble);
+  for (bool interleaved : {true, false}) {
+    for (auto table : {at::kDouble, at::kFloat}) {
+      const at::Tensor cos = at::randn({5, 1, 12}, table), sin = at::randn({5, 1, 12}, table);
+      const at::Tensor out = rope_op(x, cos, sin, interleaved);
+      EXPECT_EQ(out.scalar_type(), at::kDouble);
+      EXPECT_TRUE(at::allclose(out, reference(x, cos, sin, interleaved), 1e-12, 1e-12));
+    }
+  }
+}
+
+TEST(Rope, InterleavedMustBeABool) {
+  // The schema takes `Scalar? interleaved` so that None and numbers reach the op (a `bool` would read None as
+  // False: rotate-half) and are refused with a TypeError naming the argument.
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("fusegraph::rope", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                               const std::optional<c10::Scalar>&)>();
+  const at::Tensor x = at::randn({1, 2, 1, 4}), cs = at::randn({2, 1, 4});
+  const auto message = [&](std::optional<c10::Scalar> v) {
+    try {
+      op.call(x, cs, cs, v);
+    } catch (const c10::TypeError& e) {
+      return std::string(e.what_without_backtrace());
+    }
+    return std::string("no TypeError");
+  };
+  EXPECT_NE(message(std::nullopt).find("fusegraph.rope: argument 'interleaved' is None; expected a bool"),
+            std::string::npos);
+  EXPECT_NE(message(c10::Scalar(1)).find("argument 'interleaved' is the int 1; expected a bool"), std::string::npos);
+  EXPECT_NE(message(c10::Scalar(0.5)).find("argument 'interleaved' is the float 0.5; expected a bool"),
+            std::string::npos);
+  EXPECT_EQ(message(c10::Scalar(false)), "no TypeError");
 }
 
 }  // namespace

@@ -412,3 +412,50 @@ def test_dit_block_traces_under_compile_fullgraph():
             crandn(32, dtype=torch.bfloat16), *rope_tables(5, 32, torch.float32))
     compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(*args), block(*args), rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------- issue #8: accuracy, float64, gradients
+@pytest.mark.parametrize("offset", [0.0, 3.0])
+def test_norms_fp32_accuracy_at_large_D_is_eager_level(offset):
+    """D = 2^22: 1024 threads x 4096 elements each; each thread's float32 partials are folded into a double
+    every 32 steps (FoldedSum), so the error stays at eager's level (no worse than 2x)."""
+    D = 2 ** 22
+    x64 = torch.randn(2, 1, D, dtype=torch.float64, device=CUDA) + offset
+    w64, scale64, shift64 = (torch.randn(D, dtype=torch.float64, device=CUDA) for _ in range(3))
+    x, w, scale, shift = x64.float(), w64.float(), scale64.float(), shift64.float()
+
+    def rel_err(out, ref):
+        return ((out.double() - ref).abs().max() / ref.abs().max()).item()
+
+    ref = rms_norm_ref(x64, w64, 1e-6)
+    fused, eager = rel_err(ops.rms_norm(x, w, 1e-6), ref), rel_err(torch.rms_norm(x, [D], w, 1e-6), ref)
+    assert fused <= 2 * eager, f"rms_norm: relative error {fused:.3g}, eager's {eager:.3g}"
+    ref = adaln_ref(x64, scale64, shift64)
+    fused = rel_err(ops.adaln(x, scale, shift, 1e-6), ref)
+    eager = rel_err(F.layer_norm(x, [D], eps=1e-6) * (1 + scale) + shift, ref)
+    assert fused <= 2 * eager, f"adaln: relative error {fused:.3g}, eager's {eager:.3g}"
+
+
+def test_float64_and_gradcheck_on_cuda():
+    """The float64 path (at:: ops, device-agnostic) and the autograd formulas run on CUDA tensors."""
+    D = 8
+    x, w = crandn(3, D, dtype=torch.float64).requires_grad_(), crandn(D, dtype=torch.float64).requires_grad_()
+    assert torch.autograd.gradcheck(lambda x, w: ops.rms_norm(x, w, 1e-6), (x, w))
+    x4 = crandn(1, 2, 2, D, dtype=torch.float64).requires_grad_()
+    cs = crandn(2, 1, D, dtype=torch.float64).requires_grad_()
+    assert torch.autograd.gradcheck(lambda x, c: ops.rope(x, c, c, interleaved=False), (x4, cs))
+    s = crandn(3, D, dtype=torch.float64).requires_grad_()
+    assert torch.autograd.gradcheck(lambda x, s: ops.adaln(x[None], s, s, 1e-6), (x, s))
+    assert torch.autograd.gradcheck(lambda x: ops.gelu_tanh(x), (x,))
+    assert torch.autograd.gradcheck(lambda x, w: fusegraph.ops.mul_add(x, w, x), (x, w))
+
+
+def test_bf16_gradients_on_cuda_match_cpu():
+    x, w = crandn(4, 64, dtype=torch.bfloat16), crandn(64, dtype=torch.bfloat16, offset=1.0)
+    g = crandn(4, 64, dtype=torch.bfloat16)
+    grads = []
+    for dev in (CUDA, "cpu"):
+        xl, wl = x.to(dev).requires_grad_(), w.to(dev).requires_grad_()
+        grads.append(torch.autograd.grad(ops.rms_norm(xl, wl, 1e-6), (xl, wl), g.to(dev)))
+    for gc, gh in zip(*grads):
+        torch.testing.assert_close(gc.cpu(), gh)

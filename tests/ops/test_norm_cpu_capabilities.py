@@ -12,7 +12,7 @@ SCRIPT = textwrap.dedent(
 
     torch.manual_seed(0)
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        for D in (1, 13, 3072 + 7):
+        for D in (1, 13, 3072 + 7, 2 * 4096 + 3):  # the last: chunked row sums (kSumChunk = 4096), a tail
             x = randn(3, 4, D, dtype=dtype, scale=2.0)
             x64 = x.double()
             n64 = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6)

@@ -155,7 +155,7 @@ BAD = {
     "sin shape": (dict(ss=(1, 1, 1, 8)), r"argument 'sin' has shape \[1, 1, 1, 8\]; expected the shape of 'cos', \[1, 9, 1, 8\]"),
     "cos dtype": (dict(x_dtype=torch.bfloat16, cs_dtype=torch.float16), r"argument 'cos' has dtype {Half}; expected float32 or x's dtype {BFloat16}"),
     "sin dtype": (dict(s_dtype=torch.bfloat16, x_dtype=torch.bfloat16), r"argument 'sin' has dtype {BFloat16}; expected the dtype of 'cos', {Float}"),
-    "integer x": (dict(x_dtype=torch.int32), r"argument 'x' has dtype {Int}; expected float32, bfloat16 or float16"),
+    "integer x": (dict(x_dtype=torch.int32), r"argument 'x' has dtype {Int}; expected float32, bfloat16, float16 or float64"),
     "integer cos": (dict(cs_dtype=torch.int64, s_dtype=torch.int64), r"argument 'cos' has dtype {Long}"),
 }
 
@@ -171,6 +171,25 @@ def test_bad_input_rejected(case, device):
     sin = torch.ones(ss, dtype=spec.get("s_dtype", cos.dtype), device=device)
     with pytest.raises(RuntimeError, match="fusegraph.rope: " + message.format(**DTYPE_NAMES)):
         fusegraph.ops.rope(x, cos, sin)
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])  # meta: the fake kernel, same message
+@pytest.mark.parametrize("value,seen", [(None, "None"), (1, "the int 1"), (0, "the int 0"), (0.5, "the float 0.5")])
+def test_interleaved_must_be_a_bool(value, seen, device):
+    """None used to mean rotate-half (a bool schema argument coerces None to False), 0/1/0.5 their truth value."""
+    x, cs = torch.ones(x4, device=device), torch.ones(1, S, 1, 8, device=device)
+    message = f"fusegraph.rope: argument 'interleaved' is {seen}; expected a bool: True (interleaved pairs) or False"
+    with pytest.raises(TypeError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        fusegraph.ops.rope(x, cs, cs, interleaved=value)
+    with pytest.raises(TypeError, match="argument 'interleaved' is"):
+        torch.ops.fusegraph.rope(x, cs, cs, interleaved=value)
+
+
+def test_interleaved_non_number_is_rejected_by_the_dispatcher():
+    x, cs = torch.ones(x4), torch.ones(1, S, 1, 8)
+    for value in ("yes", torch.tensor(True), [True]):
+        with pytest.raises(RuntimeError, match="for argument 'interleaved'"):
+            fusegraph.ops.rope(x, cs, cs, interleaved=value)
 
 
 def test_mixed_devices_rejected():

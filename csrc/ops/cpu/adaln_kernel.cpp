@@ -3,6 +3,8 @@
 // Per row: pass 1 reads x from memory (bf16/fp16 rows are widened once into a per-thread float32
 // buffer) and sums it; pass 2 sums d = x - mean and d^2 from cache (corrected two-pass variance:
 // accurate for rows with a large mean, unlike E[x^2] - mean^2); pass 3 reads scale/shift and writes.
+// Rows longer than kSumChunk sum passes 1 and 2 per chunk in float32 vectors and add the chunk sums in
+// double (one long run of float adds per lane lost fp32 accuracy at D >= 2^20: 1e-5 relative at 2^22).
 // scale/shift are usually one [D] vector broadcast over all rows (AdaLN's [B, 1, D]): each task keeps
 // (1 + scale) and shift as float32 for the rows that share them instead of re-reading and widening
 // them per row (same float32 values, so the results are bitwise those of the per-row computation).
@@ -30,6 +32,50 @@ inline void mask_tail(fVec& a, fVec& b, int64_t n) {
   b = fVec::set(zero, b, n > kV ? n - kV : 0);
 }
 
+// Elements per chunk of the row sums (a multiple of every capability's kBlock). A row of <= kSumChunk
+// elements is one chunk, summed (and its statistics computed) as before chunking.
+constexpr int64_t kSumChunk = 4096;
+
+// sum(x) over xr[i0, i1); bf16/fp16 rows are also widened into buf[i0, i1). i0 is a multiple of kBlock.
+template <typename T_x>
+C10_ALWAYS_INLINE float sum_row(const T_x* xr, float* buf, int64_t i0, int64_t i1) {
+  constexpr int64_t kB = VecIO<float>::kBlock;
+  fVec s0(0.0f), s1(0.0f);
+  for (int64_t i = i0; i < i1; i += kB) {
+    const int64_t n = std::min(kB, i1 - i);
+    fVec a, b;
+    load_block(xr + i, a, b, n);
+    if constexpr (!std::is_same_v<T_x, float>) {
+      a.store(buf + i);
+      b.store(buf + i + fVec::size());
+    }
+    s0 = s0 + a;
+    s1 = s1 + b;
+  }
+  return sum_lanes(s0 + s1);
+}
+
+// The lane sums of d and d^2 for the deviations d = x - mean over row[i0, i1) (float32).
+C10_ALWAYS_INLINE void sum_deviations(const float* row, const fVec& mean_v, int64_t i0, int64_t i1, fVec& sum_d,
+                                      fVec& sum_q) {
+  constexpr int64_t kB = VecIO<float>::kBlock;
+  fVec c0(0.0f), c1(0.0f), q0(0.0f), q1(0.0f);
+  for (int64_t i = i0; i < i1; i += kB) {
+    const int64_t n = std::min(kB, i1 - i);
+    fVec a, b;
+    load_block(row + i, a, b, n);
+    a = a - mean_v;
+    b = b - mean_v;
+    if (n < kB) mask_tail(a, b, n);
+    c0 = c0 + a;
+    c1 = c1 + b;
+    q0 = at::vec::fmadd(a, a, q0);
+    q1 = at::vec::fmadd(b, b, q1);
+  }
+  sum_d = c0 + c1;
+  sum_q = q0 + q1;
+}
+
 template <typename T_x, typename T_m, typename T_out>
 void adaln_rows(const AdalnKernelArgs& p) {
   constexpr int64_t kB = VecIO<float>::kBlock;
@@ -43,6 +89,7 @@ void adaln_rows(const AdalnKernelArgs& p) {
   const float* bias = p.bias;
   const double eps = p.eps;
   const float d_f = static_cast<float>(D);
+  static_assert(kSumChunk % kB == 0);
   // Round D up to whole blocks so full-block loads/stores of the buffer stay inside it.
   const int64_t buf_len = kWiden ? at::divup(D, kB) * kB : 0;
 
@@ -78,43 +125,37 @@ void adaln_rows(const AdalnKernelArgs& p) {
       // The row as float32: x itself (float32), or the widened copy.
       const float* row = kWiden ? buf.get() : reinterpret_cast<const float*>(xr);
 
-      // Pass 1: sum. Zero lanes past the end add nothing.
-      fVec s0(0.0f), s1(0.0f);
-      for (int64_t i = 0; i < D; i += kB) {
-        const int64_t n = std::min(kB, D - i);
-        fVec a, b;
-        load_block(xr + i, a, b, n);
-        if constexpr (kWiden) {
-          a.store(buf.get() + i);
-          b.store(buf.get() + i + fVec::size());
+      // Pass 1: sum in float32 vectors (a row longer than kSumChunk adds its chunk sums in double).
+      // Pass 2 (from cache): deviations d = x - mean. sum(d) corrects the float32 rounding of the mean (it
+      // matters for rows whose mean is large against their spread), sum(d^2) gives the variance.
+      // corr, applied as (x - mean) - corr: the float32 mean of a row near 1000 is off by up to 3e-5; its
+      // correction is applied to the exact difference instead of being rounded into the mean.
+      fVec mean_v(0.0f), corr(0.0f);
+      double var;
+      if (D <= kSumChunk) {
+        mean_v = fVec(sum_row(xr, buf.get(), 0, D) / d_f);
+        fVec lanes_d(0.0f), lanes_q(0.0f);
+        sum_deviations(row, mean_v, 0, D, lanes_d, lanes_q);
+        const float sum_d = sum_lanes(lanes_d);
+        var = std::max(0.0f, (sum_lanes(lanes_q) - sum_d * (sum_d / d_f)) / d_f);
+        corr = fVec(sum_d / d_f);
+      } else {
+        double sum_x = 0.0, sum_d = 0.0, sum_q = 0.0;
+        for (int64_t c0 = 0; c0 < D; c0 += kSumChunk) {
+          sum_x += static_cast<double>(sum_row(xr, buf.get(), c0, std::min(D, c0 + kSumChunk)));
         }
-        s0 = s0 + a;
-        s1 = s1 + b;
+        const double d_d = static_cast<double>(D);
+        mean_v = fVec(static_cast<float>(sum_x / d_d));
+        for (int64_t c0 = 0; c0 < D; c0 += kSumChunk) {
+          fVec lanes_d(0.0f), lanes_q(0.0f);
+          sum_deviations(row, mean_v, c0, std::min(D, c0 + kSumChunk), lanes_d, lanes_q);
+          sum_d += static_cast<double>(sum_lanes(lanes_d));
+          sum_q += static_cast<double>(sum_lanes(lanes_q));
+        }
+        var = std::max(0.0, (sum_q - sum_d * (sum_d / d_d)) / d_d);
+        corr = fVec(static_cast<float>(sum_d / d_d));
       }
-      const float mean = sum_lanes(s0 + s1) / d_f;
-      const fVec mean_v(mean);
-
-      // Pass 2 (from cache): deviations d = x - mean. sum(d) corrects the float32 rounding of the
-      // mean (it matters for rows whose mean is large against their spread), sum(d^2) gives the variance.
-      fVec c0(0.0f), c1(0.0f), q0(0.0f), q1(0.0f);
-      for (int64_t i = 0; i < D; i += kB) {
-        const int64_t n = std::min(kB, D - i);
-        fVec a, b;
-        load_block(row + i, a, b, n);
-        a = a - mean_v;
-        b = b - mean_v;
-        if (n < kB) mask_tail(a, b, n);
-        c0 = c0 + a;
-        c1 = c1 + b;
-        q0 = at::vec::fmadd(a, a, q0);
-        q1 = at::vec::fmadd(b, b, q1);
-      }
-      const float sum_d = sum_lanes(c0 + c1);
-      const float var = std::max(0.0f, (sum_lanes(q0 + q1) - sum_d * (sum_d / d_f)) / d_f);
-      // (x - mean) - corr: the float32 mean of a row near 1000 is off by up to 3e-5; its correction
-      // is applied to the exact difference instead of being rounded into the mean.
-      const fVec corr(sum_d / d_f);
-      const fVec rstd(static_cast<float>(1.0 / std::sqrt(static_cast<double>(var) + eps)));
+      const fVec rstd(static_cast<float>(1.0 / std::sqrt(var + eps)));
 
       // Pass 3: normalise, affine, modulate, one store.
       for (int64_t j = 0; j < D; j += kB) {

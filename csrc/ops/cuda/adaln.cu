@@ -1,7 +1,7 @@
 // Adaptive LayerNorm: y = ((x - mean) * rsqrt(var + eps) * weight + bias) * (1 + scale) + shift per row,
-// biased variance, fp32 math, one rounding. Two-pass statistics (mean, then centred sum of squares) for
-// the accuracy of a float64 reference; the row is re-read from L1/L2, written once. scale/shift are
-// broadcast through their strides ([B,1,D] chunk views, per-token [B,S,D], [D]).
+// biased variance, fp32 math, one rounding. Two-pass statistics (mean, then centred sum of squares; each
+// thread's sums are FoldedSums) for the accuracy of a float64 reference; the row is re-read from L1/L2,
+// written once. scale/shift are broadcast through their strides ([B,1,D] chunk views, per-token [B,S,D], [D]).
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/row_launch.cuh"
 
@@ -32,23 +32,27 @@ __global__ void __launch_bounds__(1024) adaln_kernel(const AdalnParams p) {
     row_index(p.layout, row, idx);
     const int64_t x_row = row_offset(p.layout, p.x, idx);
 
-    float sum = 0.0f;
+    FoldedSum thread_sum;
     for (int64_t col = col0; col < cols; col += col_step) {
       float v[VEC];
       load_elems<VEC, kVec>(p.x.data, x_row + col * xs, xs, p.x.dtype, v);
+      float step = 0.0f;
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) sum += v[i];
+      for (int i = 0; i < VEC; ++i) step += v[i];
+      thread_sum.add(step);
     }
-    const float mean = row_sum(sum, smem) / static_cast<float>(cols);
+    const float mean = row_sum(thread_sum.value(), smem) / static_cast<float>(cols);
 
-    float sum_sq = 0.0f;
+    FoldedSum thread_sq;
     for (int64_t col = col0; col < cols; col += col_step) {
       float v[VEC];
       load_elems<VEC, kVec>(p.x.data, x_row + col * xs, xs, p.x.dtype, v);
+      float step = 0.0f;
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) sum_sq += (v[i] - mean) * (v[i] - mean);
+      for (int i = 0; i < VEC; ++i) step += (v[i] - mean) * (v[i] - mean);
+      thread_sq.add(step);
     }
-    const float rstd = 1.0f / sqrtf(row_sum(sum_sq, smem) / static_cast<float>(cols) + p.eps);
+    const float rstd = 1.0f / sqrtf(row_sum(thread_sq.value(), smem) / static_cast<float>(cols) + p.eps);
 
     const int64_t scale_row = row_offset(p.layout, p.scale, idx);
     const int64_t shift_row = row_offset(p.layout, p.shift, idx);

@@ -4,6 +4,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include "common/checks.h"
 #include "common/output.h"
 #include "ops/adaln.h"
 #include "ops/cuda/launch.h"
@@ -17,6 +18,11 @@ at::Tensor adaln_cuda(const at::Tensor& x_in, const at::Tensor& scale_in, const 
                       std::optional<at::ScalarType> out_dtype_opt) {
   const at::ScalarType out_dtype = check_adaln_args(x_in, scale_in, shift_in, eps, weight, bias, out_dtype_opt);
   const c10::cuda::CUDAGuard guard(x_in.device());
+  const bool has_w = weight.has_value() && weight->defined();
+  const bool has_b = bias.has_value() && bias->defined();
+  if (uses_float64({&x_in, &scale_in, &shift_in, has_w ? &*weight : nullptr, has_b ? &*bias : nullptr}, out_dtype)) {
+    return adaln_float64(x_in, scale_in, shift_in, eps, weight, bias, out_dtype);
+  }
   at::Tensor out = new_output(x_in.sizes(), x_in.options().dtype(out_dtype));
   if (out.numel() == 0) return out;
 

@@ -175,6 +175,26 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// A thread's running sum over a row. With one float32 accumulator, a long row (2^22 columns on 1024 threads:
+// 4096 elements per thread) lost fp32 accuracy; here every kSteps loop steps' float32 partial is added to a
+// double. A thread with at most kSteps steps (rows up to kSteps * VEC * 1024 columns, every model width)
+// never folds and sums in float32 alone.
+struct FoldedSum {
+  static constexpr int kSteps = 32;
+  double total = 0.0;
+  float part = 0.0f;
+  int steps = 0;
+  __device__ __forceinline__ void add(float v) {
+    part += v;
+    if (++steps == kSteps) {
+      total += static_cast<double>(part);
+      part = 0.0f;
+      steps = 0;
+    }
+  }
+  __device__ __forceinline__ float value() const { return static_cast<float>(total + static_cast<double>(part)); }
+};
+
 // Sum of v over the threads of one row. A row is either one warp (blockDim.x == 32, several rows per
 // block along y) or the whole block (blockDim.y == 1, blockDim.x a multiple of 32). Every thread of the
 // row gets the total. smem: 32 floats.

@@ -4,6 +4,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include "common/checks.h"
 #include "common/output.h"
 #include "ops/cuda/launch.h"
 #include "ops/cuda/tensor_args.h"
@@ -15,6 +16,7 @@ namespace {
 at::Tensor run_cuda(const at::Tensor& x_in, const char* op, cuda::GeluKind kind) {
   check_gelu_args(x_in, op);
   const c10::cuda::CUDAGuard guard(x_in.device());
+  if (uses_float64({&x_in})) return kind == cuda::GeluKind::Tanh ? gelu_tanh_float64(x_in) : fast_gelu_float64(x_in);
   const at::Tensor x = x_in.contiguous();
   at::Tensor out = new_output(x.sizes(), x.options());
   C10_CUDA_CHECK(cuda::launch_gelu(kind, x.const_data_ptr(), cuda::to_dtype(x.scalar_type()), out.data_ptr(),

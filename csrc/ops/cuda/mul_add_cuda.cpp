@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include "common/checks.h"
 #include "common/output.h"
 #include "ops/cuda/launch.h"
 #include "ops/cuda/tensor_args.h"
@@ -44,12 +45,20 @@ at::Tensor run_cuda(const at::Tensor& a_in, const at::Tensor& b_in, float b_scal
 at::Tensor mul_add_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& c,
                         std::optional<at::ScalarType> out_dtype) {
   const at::ScalarType dtype = check_mul_add_args(a, b, c, out_dtype);
+  if (uses_float64({&a, &b, &c}, dtype)) {
+    const c10::cuda::CUDAGuard guard(a.device());
+    return mul_add_float64(a, b, 0.0, c, dtype);
+  }
   return run_cuda(a, b, 0.0f, c, dtype);
 }
 
 at::Tensor mul_add_scalar_cuda(const at::Tensor& a, const c10::Scalar& b, const at::Tensor& c,
                                std::optional<at::ScalarType> out_dtype) {
   const at::ScalarType dtype = check_mul_add_scalar_args(a, b, c, out_dtype);
+  if (uses_float64({&a, &c}, dtype)) {
+    const c10::cuda::CUDAGuard guard(a.device());
+    return mul_add_float64(a, at::Tensor(), b.toDouble(), c, dtype);
+  }
   return run_cuda(a, at::Tensor(), static_cast<float>(b.toDouble()), c, dtype);
 }
 

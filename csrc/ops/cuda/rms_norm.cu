@@ -1,6 +1,7 @@
 // RMSNorm over the last dim: y = x * rsqrt(mean(x^2) + eps) * weight + bias, fp32 math.
-// One row per warp (short rows) or per block; the sum of squares is a warp-shuffle + shared-memory
-// reduction in fp32; the row is read twice (the second read hits L1/L2) and written once.
+// One row per warp (short rows) or per block; the sum of squares is a per-thread FoldedSum (fp32 partials
+// added in double on long rows), then a warp-shuffle + shared-memory reduction in fp32; the row is read
+// twice (the second read hits L1/L2) and written once.
 #include <algorithm>
 
 #include "ops/cuda/common.cuh"
@@ -33,14 +34,16 @@ __global__ void __launch_bounds__(1024) rms_norm_kernel(const RmsNormParams p) {
     row_index(p.layout, row, idx);
     const int64_t x_row = row_offset(p.layout, p.x, idx);
 
-    float sum_sq = 0.0f;
+    FoldedSum thread_sq;
     for (int64_t col = static_cast<int64_t>(threadIdx.x) * VEC; col < cols; col += blockDim.x * VEC) {
       float v[VEC];
       load_elems<VEC, kVec>(p.x.data, x_row + col * p.x.inner_stride, p.x.inner_stride, p.x.dtype, v);
+      float step = 0.0f;
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) sum_sq += v[i] * v[i];
+      for (int i = 0; i < VEC; ++i) step += v[i] * v[i];
+      thread_sq.add(step);
     }
-    sum_sq = row_sum(sum_sq, smem);
+    const float sum_sq = row_sum(thread_sq.value(), smem);
     const float rstd = 1.0f / sqrtf(sum_sq / static_cast<float>(cols) + p.eps);
 
     for (int64_t col = static_cast<int64_t>(threadIdx.x) * VEC; col < cols; col += blockDim.x * VEC) {

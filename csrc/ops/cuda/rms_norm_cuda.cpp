@@ -4,6 +4,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include "common/checks.h"
 #include "common/output.h"
 #include "ops/cuda/launch.h"
 #include "ops/cuda/tensor_args.h"
@@ -17,6 +18,11 @@ at::Tensor rms_norm_cuda(const at::Tensor& x_in, const std::optional<at::Tensor>
   const RmsNormStyle style = parse_rms_norm_style(style_name);
   const at::ScalarType out_dtype = check_rms_norm_args(x_in, weight, eps, bias, style);
   const c10::cuda::CUDAGuard guard(x_in.device());
+  const bool has_w = weight.has_value() && weight->defined();
+  const bool has_b = bias.has_value() && bias->defined();
+  if (uses_float64({&x_in, has_w ? &*weight : nullptr, has_b ? &*bias : nullptr})) {
+    return rms_norm_float64(x_in, weight, eps, bias, style, out_dtype);
+  }
   at::Tensor out = new_output(x_in.sizes(), x_in.options().dtype(out_dtype));
   if (out.numel() == 0) return out;
 

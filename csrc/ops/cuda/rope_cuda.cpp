@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include "common/checks.h"
 #include "common/output.h"
 #include "ops/cuda/launch.h"
 #include "ops/cuda/tensor_args.h"
@@ -13,9 +14,12 @@
 namespace fusegraph {
 namespace {
 
-at::Tensor rope_cuda(const at::Tensor& x_in, const at::Tensor& cos_in, const at::Tensor& sin_in, bool interleaved) {
+at::Tensor rope_cuda(const at::Tensor& x_in, const at::Tensor& cos_in, const at::Tensor& sin_in,
+                     const std::optional<c10::Scalar>& interleaved_in) {
   check_rope_args(x_in, cos_in, sin_in);
+  const bool interleaved = check_rope_interleaved(interleaved_in);
   const c10::cuda::CUDAGuard guard(x_in.device());
+  if (uses_float64({&x_in, &cos_in, &sin_in})) return rope_float64(x_in, cos_in, sin_in, interleaved);
   at::Tensor out = new_output(x_in.sizes(), x_in.options());
   if (out.numel() == 0) return out;
 
