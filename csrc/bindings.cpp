@@ -9,7 +9,10 @@
 #include "graph/cache.h"
 #include "graph/frozen_guard.h"
 #include "graph/host_graph.h"
+#include "ops/autograd.h"
 #include "ops/cpu/dispatch.h"
+
+#include <torch/csrc/DynamicTypes.h>
 
 // ---- graph runtime (csrc/graph/*): the cache and the host graph, plus an Executable for Python drivers ----
 namespace {
@@ -510,6 +513,36 @@ void bind_graph(py::module_& m) {
       });
 }
 
+// The ops' autograd path (csrc/ops/autograd.h): the call's arguments as Python values, handed to
+// fusegraph.ops._autograd.apply(name, overload, args), which returns the op's result.
+void autograd_hook(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  py::gil_scoped_acquire gil;
+  const c10::FunctionSchema& schema = op.schema();
+  const size_t n = schema.arguments().size();
+  py::list args(n);
+  for (size_t i = 0; i < n; ++i) {
+    const c10::IValue& v = (*stack)[stack->size() - n + i];
+    const c10::TypePtr& real = schema.arguments()[i].real_type();
+    const bool dtype = real->kind() == c10::TypeKind::ScalarTypeType ||
+                       (real->kind() == c10::TypeKind::OptionalType &&
+                        real->expectRef<c10::OptionalType>().getElementType()->kind() == c10::TypeKind::ScalarTypeType);
+    if (dtype && v.isInt()) {  // a ScalarType travels as an int: hand Python a torch.dtype
+      args[i] = py::reinterpret_borrow<py::object>(
+          reinterpret_cast<PyObject*>(torch::getTHPDtype(static_cast<at::ScalarType>(v.toInt()))));
+    } else {
+      args[i] = torch::jit::toPyObject(v);
+    }
+  }
+  py::object out;
+  try {
+    out = py::module_::import("fusegraph.ops._autograd").attr("apply")(schema.name(), schema.overload_name(), args);
+  } catch (py::error_already_set& e) {
+    TORCH_CHECK(false, e.what());
+  }
+  torch::jit::drop(*stack, n);
+  stack->push_back(torch::jit::toIValue(out, schema.returns()[0].type()));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -526,6 +559,7 @@ PYBIND11_MODULE(_C, m) {
     return false;
 #endif
   });
+  fusegraph::set_autograd_hook(&autograd_hook);
   py::module_ graph = m.def_submodule("graph", "graph runtime: GraphCache, HostGraph, PyExecutable");
   bind_graph(graph);
 }

@@ -7,7 +7,7 @@ TORCH_LIBRARY(fusegraph, m) {
   // set_python_module applies to the defs after it: it names the module that holds each op's fake kernel.
   m.set_python_module("fusegraph.ops.rms_norm");
   // Every tensor argument is positional (bias, and adaln's weight/bias, may still be passed by keyword):
-  // torch.library.register_autograd refuses keyword-only tensors (docs/DESIGN.md §3.1, gradients).
+  // the gradient formulas follow torch.library.register_autograd's contract, which takes tensors positionally (DESIGN §3.1).
   m.def("rms_norm(Tensor x, Tensor? weight=None, float eps=1e-06, Tensor? bias=None, *, str style=\"torch\") -> Tensor");
   m.set_python_module("fusegraph.ops.rope");
   // interleaved is a bool; it is declared `Scalar?` so that the op itself sees and rejects None and numbers,

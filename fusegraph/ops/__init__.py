@@ -3,7 +3,7 @@
 Every op computes in float32 and rounds once to its output dtype; inputs are float32, bfloat16 or
 float16 and may be non-contiguous views. float64 inputs are accepted too (for gradcheck): the same math in
 float64 with plain torch ops, not the fused kernel. Every op is differentiable in each tensor argument
-(``torch.library.register_autograd``; backward in plain torch ops). Each wrapper's docstring states the exact math.
+(a C++ Autograd kernel, formulas in plain torch ops: fusegraph/ops/_autograd.py). Each wrapper's docstring states the exact math.
 """
 from .adaln import adaln
 from .gelu import fast_gelu, gelu_tanh

@@ -1,4 +1,10 @@
-"""Shared pieces of the ops' autograd formulas (``torch.library.register_autograd`` in each op's module).
+"""The ops' gradients: each op module registers its formula here (``register``: ``setup_context`` and
+``backward`` with ``torch.library.register_autograd``'s signatures), and shared pieces of the formulas.
+
+The check whether a call needs gradients runs on every call, so it is C++: one Autograd kernel for every
+fusegraph op (csrc/ops/autograd.cpp) redispatches below autograd when grad mode is off or no tensor argument
+requires grad, and otherwise calls ``apply`` here, which runs a ``torch.autograd.Function`` around the op.
+(``torch.library.register_autograd`` makes that same check in Python: ~3 µs on every call, under no_grad too.)
 
 The backward formulas are plain torch ops, not fused kernels: they compute in float32 (float64 when any
 tensor argument is float64) and return each gradient in its argument's dtype and shape (broadcast dims summed).
@@ -39,5 +45,62 @@ def rows_sum(t: torch.Tensor) -> torch.Tensor:
 def needs_input_grad(ctx, n: int) -> tuple:
     """``ctx.needs_input_grad`` padded to the op's ``n`` positional arguments: the dispatcher drops trailing
     arguments equal to their defaults (``bias=None``) before autograd sees them; their grads must be None."""
-    flags = tuple(ctx.needs_input_grad)
+    flags = tuple(ctx.needs_input_grad)[:n]  # apply() adds one input of its own (the keyword-only arguments)
     return flags + (False,) * (n - len(flags))
+
+
+# --- the autograd path (called by csrc/ops/autograd.cpp) -------------------------------------------------------
+
+_FUNCTIONS: dict = {}  # (schema name, overload name) -> (autograd.Function class, positional count, kw-only names)
+
+
+class _KeywordOnly:
+    """The keyword-only arguments, as one non-tensor input of the autograd.Function."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: dict):
+        self.values = values
+
+
+def register(qualname: str, backward, *, setup_context) -> None:
+    """``torch.library.register_autograd``'s contract for a fusegraph op (``"fusegraph::rms_norm"``,
+    ``"fusegraph::mul_add.Scalar"``): ``setup_context(ctx, inputs, [keyword_only_inputs,] output)`` and
+    ``backward(ctx, *grads)`` returning one gradient per positional argument."""
+    name, _, overload = qualname.partition(".")
+    packet = getattr(torch.ops.fusegraph, name.split("::")[1])
+    op = getattr(packet, overload or "default")
+    arguments = op._schema.arguments
+    positional = sum(1 for a in arguments if not a.kwarg_only)
+    kw_names = tuple(a.name for a in arguments if a.kwarg_only)
+
+    def forward(*inputs):
+        *args, kw = inputs
+        with torch._C._AutoDispatchBelowAutograd():
+            return op(*args, **kw.values)
+
+    def setup(ctx, inputs, output):
+        *args, kw = inputs
+        if kw_names:
+            setup_context(ctx, tuple(args), dict(kw.values), output)
+        else:
+            setup_context(ctx, tuple(args), output)
+
+    def grads(ctx, *grad_outputs):
+        out = backward(ctx, *grad_outputs)
+        return (tuple(out) if isinstance(out, tuple) else (out,)) + (None,)
+
+    # named per op, so the grad_fn reads e.g. "rms_norm_Backward"
+    Function = type(f"{name.split('::')[1]}{'_' + overload if overload else ''}_", (torch.autograd.Function,),
+                    {"forward": staticmethod(forward), "setup_context": staticmethod(setup),
+                     "backward": staticmethod(grads)})
+    _FUNCTIONS[(name, overload)] = (Function, positional, kw_names)
+
+
+def apply(name: str, overload: str, args: list):
+    """Runs the op ``name.overload`` on every argument of its schema (in order) with autograd."""
+    if (name, overload) not in _FUNCTIONS:  # the op modules register on import
+        import fusegraph.ops  # noqa: F401
+    function, positional, kw_names = _FUNCTIONS[(name, overload)]
+    kw = _KeywordOnly(dict(zip(kw_names, args[positional:])))
+    return function.apply(*args[:positional], kw)

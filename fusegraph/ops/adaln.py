@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ._autograd import compute_dtype, grad_like, needs_input_grad, rows_sum, sum_to
+from ._autograd import compute_dtype, grad_like, needs_input_grad, rows_sum, sum_to, register as register_autograd
 from ._checks import check_eps, check_float_tensor, check_out_dtype, check_same_device
 
 
@@ -135,4 +135,4 @@ def _adaln_backward(ctx, grad):
     return dx, dscale, dshift, None, dw, db
 
 
-torch.library.register_autograd("fusegraph::adaln", _adaln_backward, setup_context=_adaln_setup_context)
+register_autograd("fusegraph::adaln", _adaln_backward, setup_context=_adaln_setup_context)

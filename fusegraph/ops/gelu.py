@@ -1,7 +1,7 @@
 """GELU variants: ``gelu_tanh`` (exact tanh approximation) and ``fast_gelu`` (sigmoid form)."""
 import torch
 
-from ._autograd import compute_dtype
+from ._autograd import compute_dtype, register as register_autograd
 from ._checks import check_float_tensor
 
 
@@ -60,5 +60,5 @@ def _fast_gelu_backward(ctx, grad):
     return (grad.to(ct) * (s + 1.702 * xc * s * (1 - s))).to(x.dtype)
 
 
-torch.library.register_autograd("fusegraph::gelu_tanh", _gelu_tanh_backward, setup_context=_gelu_setup_context)
-torch.library.register_autograd("fusegraph::fast_gelu", _fast_gelu_backward, setup_context=_gelu_setup_context)
+register_autograd("fusegraph::gelu_tanh", _gelu_tanh_backward, setup_context=_gelu_setup_context)
+register_autograd("fusegraph::fast_gelu", _fast_gelu_backward, setup_context=_gelu_setup_context)

@@ -3,7 +3,7 @@ from numbers import Number
 
 import torch
 
-from ._autograd import compute_dtype, grad_like, needs_input_grad
+from ._autograd import compute_dtype, grad_like, needs_input_grad, register as register_autograd
 from ._checks import check_float_tensor, check_out_dtype, check_same_device
 
 
@@ -120,5 +120,5 @@ def _mul_add_backward(ctx, grad):
     return da, db, dc
 
 
-torch.library.register_autograd("fusegraph::mul_add", _mul_add_backward, setup_context=_mul_add_setup_context)
-torch.library.register_autograd("fusegraph::mul_add.Scalar", _mul_add_backward, setup_context=_mul_add_setup_context)
+register_autograd("fusegraph::mul_add", _mul_add_backward, setup_context=_mul_add_setup_context)
+register_autograd("fusegraph::mul_add.Scalar", _mul_add_backward, setup_context=_mul_add_setup_context)

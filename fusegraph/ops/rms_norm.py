@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ._autograd import compute_dtype, needs_input_grad, rows_sum
+from ._autograd import compute_dtype, needs_input_grad, rows_sum, register as register_autograd
 from ._checks import check_eps, check_float_tensor, check_same_device
 
 STYLES = ("torch", "diffusers")
@@ -123,4 +123,4 @@ def _rms_norm_backward(ctx, grad):
     return dx, dw, None, db
 
 
-torch.library.register_autograd("fusegraph::rms_norm", _rms_norm_backward, setup_context=_rms_norm_setup_context)
+register_autograd("fusegraph::rms_norm", _rms_norm_backward, setup_context=_rms_norm_setup_context)

@@ -1,7 +1,7 @@
 """Rotary position embedding (``rope``): diffusers' ``apply_rotary_emb(use_real=True)`` in one kernel."""
 import torch
 
-from ._autograd import compute_dtype, grad_like, needs_input_grad
+from ._autograd import compute_dtype, grad_like, needs_input_grad, register as register_autograd
 from ._checks import check_float_tensor, check_same_device
 
 
@@ -135,4 +135,4 @@ def _rope_backward(ctx, grad):
     return dx, dcos, dsin
 
 
-torch.library.register_autograd("fusegraph::rope", _rope_backward, setup_context=_rope_setup_context)
+register_autograd("fusegraph::rope", _rope_backward, setup_context=_rope_setup_context)

@@ -342,3 +342,20 @@ def test_compiled_training_step_matches_eager_formula():
     torch.testing.assert_close(out_c, out_e)
     for gc, ge in zip(grads_c, grads_e):
         torch.testing.assert_close(gc, ge)
+
+
+def test_calls_that_need_no_gradient_never_reach_python(monkeypatch):
+    """The Autograd kernel is C++ (csrc/ops/autograd.cpp): without grad mode, or with no argument requiring
+    grad, a call redispatches below autograd without running the Python formula path."""
+    import fusegraph.ops._autograd as ag
+
+    calls = []
+    real = ag.apply
+    monkeypatch.setattr(ag, "apply", lambda *a: (calls.append(a[0]), real(*a))[1])
+    x, w = torch.randn(3, 8), torch.randn(8)
+    fusegraph.ops.rms_norm(x, w)  # grad mode on, nothing requires grad
+    with torch.no_grad():
+        fusegraph.ops.rms_norm(x.requires_grad_(), w)
+    assert calls == []
+    y = fusegraph.ops.rms_norm(x, w)
+    assert calls == ["fusegraph::rms_norm"] and y.grad_fn is not None
