@@ -5,9 +5,14 @@
     runner.stats                                            # fusegraph.stats.Stats
 
 Data flow of a call: the arguments are flattened (pytree); the C++ cache (csrc/graph/cache.h) keys them on
-each tensor's shape, dtype and device and each other value; a hit replays the entry in C++ (copy plan, then
-the executable, then safe-output clones); a miss captures through the driver of the inputs' device
-(drivers.py), inserts the entry (evicting by count or memory) and replays it. A capture that raises leaves no
+each tensor's shape, dtype and device, each immutable value's exact value, each module/function's identity,
+and grad mode (csrc/bindings.cpp key_leaves); a hit replays the entry in C++ (copy plan, then the executable,
+then safe-output clones); a miss captures through the driver of the inputs' device (drivers.py), under the
+process-wide capture lock, inserts the entry (evicting by count or memory) and replays it. What cannot be keyed
+or captured safely runs ``fn`` eagerly, the reason counted: objects that are not values (numpy arrays...),
+tensor subclasses with their own ``__torch_function__``, autograd (inputs or outputs requiring grad under grad
+mode) and outputs a graph cannot return. A replaced parameter, buffer or submodule of fn's modules (or of a
+module argument) drops the captured graphs first (``guard_weights``). A capture that raises leaves no
 entry: with ``graph_fallback="eager"`` the signature runs ``fn`` uncaptured from then on, the reason counted
 in ``stats.fallbacks``; with "raise" the error propagates. Capture and replay of one runner are serialised by
 one lock, so several threads may share a runner.
@@ -153,7 +158,7 @@ class GraphRunner:
                 if res[0] < _NOT_FLAT:
                     return self._finish(res, args, None, args, kwargs)
                 if res[0] == _SPECIAL_TENSOR:
-                    return self._special(args, None, args, kwargs, debug)
+                    return self._special(args, None, args, kwargs)
             flat, in_spec = pytree.tree_flatten((args, kwargs))
             leaves = flat + [self._spec_key(in_spec)]  # the argument structure is part of the signature
             if self._guard_weights:  # module arguments: weights replaced since a capture drop the graphs first
@@ -162,7 +167,7 @@ class GraphRunner:
                     self._check_module_args(leaves, modules)
             res = self._cache.call(leaves, debug)
             if res[0] == _SPECIAL_TENSOR:
-                return self._special(leaves, in_spec, args, kwargs, debug)
+                return self._special(leaves, in_spec, args, kwargs)
             if res[0] == _UNKEYABLE:
                 return self._eager(f"{res[6]}: only tensors, immutable values (numbers, strings, dtypes...) and "
                                    "modules/functions (by identity) key a graph; pass it as a tensor", args, kwargs)
@@ -176,7 +181,7 @@ class GraphRunner:
             key = self._specs[spec] = f"args#{len(self._specs)}: {spec}"
         return key
 
-    def _special(self, leaves, in_spec, args, kwargs, debug):
+    def _special(self, leaves, in_spec, args, kwargs):
         """Tensors the cache handed back: a subclass, or one that requires grad under grad mode."""
         grad = torch.is_grad_enabled()
         plain = list(leaves)
@@ -266,6 +271,12 @@ class GraphRunner:
         else:
             flat, in_spec = pytree.tree_flatten((args, {}))
             leaves = flat + [self._spec_key(in_spec)]
+        special = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and (
+            type(x) not in (torch.Tensor, torch.nn.Parameter) or (x.requires_grad and torch.is_grad_enabled()))]
+        if special:  # what a call would run eagerly (see _special) is not captured either
+            _log.warning("fusegraph: %s: not captured: input(s) %s are tensor subclasses or require grad under grad "
+                         "mode", self.name, special)
+            return False
         with self._lock:
             return self._capture(leaves, in_spec, args, {}, lazy=lazy)
 
