@@ -39,6 +39,7 @@ import threading
 import time
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils import _pytree as pytree
 
 from fusegraph import _C
@@ -313,7 +314,9 @@ class GraphRunner:
         flat_fn, out_box = self._flat_fn(leaves, in_spec, args, kwargs)
         t0 = time.perf_counter()
         try:
-            with capture_lock(), fx_tracing_window("capture"):
+            # real tensors only: a compile-time capture runs inside aot_autograd, whose FakeTensorMode would
+            # turn the graph's own factory ops (a graph of constants, like Mochi's position tables) into fakes
+            with capture_lock(), fx_tracing_window("capture"), unset_fake_temporarily():
                 cap = driver.capture(flat_fn, tensors, o, graph=self._aten_graph if in_spec is None else None)
         except Exception as e:  # a host sync, an uncapturable op, out of memory...
             if o.graph_fallback == "raise" and not isinstance(e, _Uncapturable):

@@ -108,3 +108,30 @@ def test_an_inductor_cache_hit_writes_the_logs_and_counts_the_training_fallback(
             torch.compile(Block(), backend=b)(x).sum().backward()
             training.append(b.stats.fallbacks)
         assert training[0] and training[1] == training[0]
+
+
+@pytest.mark.parametrize("route", [dict(graph_with_compile=True), dict(graph_only=True)])
+def test_a_graph_of_constants_and_frozen_weights_is_captured(route):
+    """Mochi's position tables: a Dynamo graph with no inputs once its parameter is frozen. Captured at compile
+    time inside aot_autograd's FakeTensorMode, its factory ops made fakes that met the real frozen weight."""
+
+    class Tables(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.freq = torch.nn.Parameter(torch.randn(1, 3, 8))
+
+        def forward(self, x):
+            pos = torch.arange(4, dtype=torch.float32)[None, :, None].expand(1, 4, 3)
+            table = torch.bmm(pos, self.freq)
+            torch._dynamo.graph_break()
+            return x * table.cos()
+
+    m = Tables().eval()
+    b = Backend(CompilationConfig(**route))
+    c = torch.compile(m, backend=b)
+    x = torch.randn(1, 4, 8)
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(c(x), m(x))
+    assert not b.stats.fallbacks and b.stats.eager_calls == 0
+    assert b.stats.graphs_captured == 2
