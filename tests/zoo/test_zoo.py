@@ -4,6 +4,7 @@ no grad:
 
 - every output tensor matches eager (``assert_close(rtol=1e-4, atol=1e-4)``) on two calls with fresh inputs of
   the same shape (the graph route captures on the first and replays on the second);
+- on the graph route, no call runs uncaptured (a capture that fails silently loses the route's point);
 - the fused count per family (``backend.stats.patterns``) equals the sites that the independent counter
   (tests/zoo/site_counter.py) finds in the graphs Dynamo hands over;
 - no graph-break regression: the backend's first call breaks the model into no more Dynamo graphs, and no more
@@ -122,6 +123,8 @@ def test_zoo(name, route):
     if fused != sites:
         diff = {k: f"sites {sites[k]} fused {fused[k]}" for k in FAMILIES if sites[k] != fused[k]}
         problems.append(f"fused counts differ from the sites: {diff}")
+    if route == "graph" and backend.stats.eager_calls:  # every call of every Dynamo graph replays a capture
+        problems.append(f"{backend.stats.eager_calls} calls ran uncaptured: {backend.stats.fallbacks}")
     if graphs > plain_graphs or breaks > plain_breaks:
         problems.append(f"graph breaks: {graphs} graphs / {breaks} breaks, plain torch.compile {plain_graphs} / "
                         f"{plain_breaks}")
