@@ -21,7 +21,13 @@ Rules (one count per site):
   layout ops and at most one affine ``mul`` and one affine ``add`` by a 1-D ``[D]`` tensor, is multiplied by
   ``(1 + scale)`` — an ``add(scale, 1)`` with the literal 1, reached through layout/slice ops — and the product
   (through layout ops) is added to a tensor ``shift``. One site per modulation: a LayerNorm modulated twice (SD3.5's
-  ``SD35AdaLayerNormZeroX``) is two sites. ``x * (2 + scale) + shift`` or a modulation without the shift is not.
+  ``SD35AdaLayerNormZeroX``) is two sites. ``x * (2 + scale) + shift`` is not a site.
+- **adaln_rms** — the same modulation with shift of an RMSNorm's normalised output (``mul(x, r)`` where ``r`` is
+  an rms_norm site's inverse square root), through the same layout / affine ops: LTX's ``norm1(x) * (1 + scale) +
+  shift`` after an RMSNorm. The RMSNorm is also an rms_norm site.
+- **adaln_noshift** — a LayerNorm's or RMSNorm's output (as above) multiplied by ``(1 + scale)`` where the product
+  is added to no tensor: ``LuminaRMSNormZero``, ``LuminaLayerNormContinuous``, Lumina2's ``ffn_norm1(x) * (1 +
+  scale_mlp)``.
 - **rope** — one rotary application to one tensor:
   * real forms: a *combine* node ``add``/``sub`` of two ``mul``s, ``x1 * f1 ± x2 * f2``, where ``x1`` and ``x2``
     are different nodes derived from the same source tensor through layout/select/slice/unbind/neg/stack/cat ops
@@ -39,7 +45,7 @@ Rules (one count per site):
   Wan's ``(h.float() + y.float() * gate).type_as(h)`` (fp32 add of upcasts, cast back to h's dtype). Mixed dtypes
   otherwise are not a site (eager rounds the product before the add; one fused rounding would differ). Excluded:
   nodes of another family's site — a RoPE combine (``x * cos + rot(x) * sin``), the GELU polynomial
-  (``x + 0.044715 x³``), an AdaLN's modulation and its LayerNorm's affine, an RMSNorm's affine (``p`` multiplies an
+  (``x + 0.044715 x³``), a modulation (any of the three adaln families) and its norm's affine, an RMSNorm's affine (``p`` multiplies an
   RMS-normalised output ``x * rsqrt(...)`` by a 1-D ``[D]`` weight, or is that output). ``sub`` is not counted.
 """
 from __future__ import annotations
@@ -50,7 +56,7 @@ import numbers
 import torch
 from torch.fx import Node
 
-FAMILIES = ("rms_norm", "rope", "adaln", "gelu", "mul_add")
+FAMILIES = ("rms_norm", "rope", "adaln", "adaln_rms", "adaln_noshift", "gelu", "mul_add")
 
 LAYOUT = {"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "expand", "permute", "transpose", "t", "clone",
           "convert_element_type", "_to_copy", "alias", "contiguous", "lift_fresh_copy"}
@@ -228,12 +234,23 @@ def _affine_operand(n, width) -> bool:
     return s is not None and len([d for d in s if d != 1]) <= 1 and s[-1:] == (width,)
 
 
-def adaln_sites(graph, claimed):
-    count = 0
-    for ln in ln_outputs(graph):
-        width = shape(ln)[-1]
-        frontier, affine_ops, affine, before = [ln], 0, [], count
-        for _ in range(3):  # the LN output, then after an affine mul, then after an affine add
+def rms_outputs(graph):
+    """RMSNorm normalised outputs: ``mul(x, r)`` where ``r`` is an RMS site's inverse square root."""
+    return [n for n in graph.nodes
+            if op(n) == "mul" and len(n.args) == 2 and any(isinstance(a, Node) and rms_site(through(a)) for a in n.args)]
+
+
+def modulation_sites(graph, claimed) -> dict:
+    """Modulations of normalised outputs, by family: ``adaln`` (LayerNorm, ``* (1 + scale) + shift``), ``adaln_rms``
+    (RMSNorm, ``* (1 + scale) + shift``), ``adaln_noshift`` (LayerNorm or RMSNorm, ``* (1 + scale)`` whose product is
+    added to nothing). The norm output may pass through layout ops and at most one affine ``mul`` and one affine
+    ``add`` by a 1-D ``[D]`` tensor first (the norm's own weight and bias)."""
+    counts = dict(adaln=0, adaln_rms=0, adaln_noshift=0)
+    norms = [(n, "adaln") for n in ln_outputs(graph)] + [(n, "adaln_rms") for n in rms_outputs(graph)]
+    for norm, with_shift in norms:
+        width = shape(norm)[-1]
+        frontier, affine, found = [norm], [], False
+        for _ in range(3):  # the norm output, then after an affine mul, then after an affine add
             nxt = []
             for m in frontier:
                 for y in forward_layout(m):
@@ -242,14 +259,25 @@ def adaln_sites(graph, claimed):
                             continue
                         other = u.args[1] if u.args[0] is y else u.args[0]
                         if isinstance(other, Node) and one_plus(other):
+                            if u in claimed:
+                                continue
+                            shifted = None
                             for z in forward_layout(u):
                                 for a in z.users:
                                     if op(a) == "add" and len(a.args) == 2 and a.kwargs.get("alpha", 1) == 1:
                                         shift = a.args[1] if a.args[0] is z else a.args[0]
                                         if isinstance(shift, Node) and a not in claimed:
-                                            claimed.update((u, a))
-                                            count += 1
+                                            shifted = a
                                             break
+                                if shifted is not None:
+                                    break
+                            if shifted is not None:
+                                claimed.update((u, shifted))
+                                counts[with_shift] += 1
+                            else:
+                                claimed.add(u)
+                                counts["adaln_noshift"] += 1
+                            found = True
                         elif isinstance(other, Node) and _affine_operand(other, width):
                             nxt.append(u)
                     for u in y.users:  # affine bias
@@ -259,12 +287,11 @@ def adaln_sites(graph, claimed):
                                 nxt.append(u)
             frontier = nxt
             affine.extend(nxt)
-            affine_ops += 1
             if not frontier:
                 break
-        if count > before:  # a modulated LayerNorm's affine weight and bias belong to its adaln site
+        if found:  # a modulated norm's affine weight and bias belong to its modulation site
             claimed.update(affine)
-    return count
+    return counts
 
 
 def roots(n, memo):
@@ -417,7 +444,7 @@ def count_graph(graph) -> dict:
     """Sites per family in one aten FX graph."""
     claimed: set = set()
     counts = dict(rms_norm=rms_sites(graph), rope=rope_sites(graph, claimed))
-    counts["adaln"] = adaln_sites(graph, claimed)
+    counts.update(modulation_sites(graph, claimed))
     counts["gelu"] = gelu_sites(graph, claimed)
     counts["mul_add"] = mul_add_sites(graph, claimed)
     return counts

@@ -28,7 +28,17 @@ def test_forms_and_lookalikes():
     # AdaLN: (1 + scale) then + shift; not (2 + scale), not without the shift
     assert sites(lambda: ln(x) * (1 + scale[:, None]) + shift[:, None]) == only(adaln=1)
     assert sites(lambda: ln(x) * (2 + scale[:, None]) + shift[:, None]) == only(mul_add=1)  # no AdaLN: a*b+c
-    assert sites(lambda: ln(x) * (1 + scale[:, None])) == only()
+    assert sites(lambda: ln(x) * (1 + scale[:, None])) == only(adaln_noshift=1)  # scale only: its own family
+    assert sites(lambda: ln(x) * (2 + scale[:, None])) == only()
+    # RMSNorm modulations: with shift (adaln_rms, also an rms_norm site), without (adaln_noshift), through the
+    # norm's affine weight and a cast; not (2 + scale), not a norm over dim 1
+    rms = lambda t: t * torch.rsqrt(t.float().pow(2).mean(-1, keepdim=True) + 1e-6)  # noqa: E731
+    assert sites(lambda: rms(x) * (1 + scale[:, None]) + shift[:, None]) == only(rms_norm=1, adaln_rms=1)
+    assert sites(lambda: F.rms_norm(x, (D,), w, 1e-6) * (1 + scale)[:, None, :] + shift[:, None, :]) \
+        == only(rms_norm=1, adaln_rms=1)
+    assert sites(lambda: (1 + scale[:, None]) * (rms(x) * w).to(x.dtype)) == only(rms_norm=1, adaln_noshift=1)
+    assert sites(lambda: rms(x) * (2 + scale[:, None]) + shift[:, None]) == only(rms_norm=1, mul_add=1)
+    assert sites(lambda: x * torch.rsqrt(x.pow(2).mean(1, keepdim=True) + 1e-6) * (1 + scale[:, None])) == only()
     # RMSNorm over the last dim (torch and hand-written), not over dim 1
     assert sites(lambda: F.rms_norm(x, (D,), w, 1e-6)) == only(rms_norm=1)
     assert sites(lambda: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w) == only(rms_norm=1)
@@ -96,9 +106,15 @@ HAND = {
     # (n * w + b) of the LayerNorm q/k norms (2 per block = 4) and of norm_final (1): 12.
     "CogVideoXTransformer3DModel": dict(rms_norm=0, rope=4, adaln=9, gelu=2, mul_add=12),
     # 2 layers + noise refiner + context refiner = 4 blocks, each RMS q/k + norm1/ffn_norm1/norm2/ffn_norm2 = 6,
-    # plus the caption embedder's RMSNorm = 25; RoPE q/k in all 4 = 8; no AdaLN (RMS-based modulation, norm_out
-    # has no shift); gated residuals (tanh gate) in the 3 modulated blocks = 6; SiLU-gated FF, no GELU.
-    "Lumina2Transformer2DModel": dict(rms_norm=25, rope=8, adaln=0, gelu=0, mul_add=6),
+    # plus the caption embedder's RMSNorm = 25; RoPE q/k in all 4 = 8; no AdaLN with shift: the 3 modulated blocks
+    # scale their RMSNorms norm1 (LuminaRMSNormZero) and ffn_norm1 by (1 + scale) without a shift = 6, and norm_out
+    # (LuminaLayerNormContinuous) scales a LayerNorm = 7 adaln_noshift; gated residuals (tanh gate) in the 3
+    # modulated blocks = 6; SiLU-gated FF, no GELU.
+    "Lumina2Transformer2DModel": dict(rms_norm=25, rope=8, adaln_noshift=7, gelu=0, mul_add=6),
+    # 1 block: RMS across heads q/k of attn1 and attn2 + the RMSNorms norm1 and norm2 = 6; RoPE q/k = 2; norm1 and
+    # norm2 modulated by (1 + scale) + shift = 2 adaln_rms; norm_out (a LayerNorm) modulated = 1 adaln; GELU ff +
+    # the caption projection = 2; gated attn1 + ff residuals = 2.
+    "LTXVideoTransformer3DModel": dict(rms_norm=6, rope=2, adaln=1, adaln_rms=2, gelu=2, mul_add=2),
     # 1 double block: RMS q/k/q_t/k_t = 4, RoPE 2, AdaLN norm1_i/norm1_t/norm3_i/norm3_t = 4, gated 4; 1 single
     # block: RMS 2, RoPE 2, AdaLN 2, gated 2; the final layer's AdaLN 1; SwiGLU MoE, no GELU.
     "HiDreamImageTransformer2DModel": dict(rms_norm=6, rope=4, adaln=7, gelu=0, mul_add=6),
@@ -109,4 +125,4 @@ HAND = {
 def test_hand_counts(name):
     model, kw = zoo.build(name)
     graphs, _ = capture(model, **kw)
-    assert count_sites(graphs) == HAND[name]
+    assert count_sites(graphs) == only(**HAND[name])
