@@ -80,6 +80,22 @@ def test_rope_forms():
         out[..., 1::2] = x1 * sin[..., 1::2] + x2 * cos[..., 0::2]
         return out
     assert sites(lambda: (wan(q), wan(k))) == only(rope=2)
+    # rotate-half written with chunk / slices + cat, and partial rotary (MiniMax-H3, Ernie: only x[..., :r] rotated,
+    # the rest concatenated back): one application per tensor
+    def chunk_cat(x, c, s):
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * c + torch.cat((-x2, x1), -1) * s
+
+    def sliced(x, c, s):
+        h = x.shape[-1] // 2
+        return x * c + torch.cat((-x[..., h:], x[..., :h]), -1) * s
+
+    def partial(x, c, s):
+        r = c.shape[-1]
+        return torch.cat((chunk_cat(x[..., :r], c, s), x[..., r:]), dim=-1)
+    for form, width in ((chunk_cat, Dh), (sliced, Dh), (partial, Dh // 2)):
+        c, s = torch.randn(S, width), torch.randn(S, width)
+        assert sites(lambda: (form(q, c, s), form(k, c, s))) == only(rope=2), form.__name__
     # lookalike: no rotation (the same x on both sides) is no RoPE; it is a plain mul_add (broadcast factor cos,
     # full-shape addend q * sin)
     assert sites(lambda: q * cos + q * sin) == only(mul_add=1)
