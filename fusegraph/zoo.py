@@ -15,9 +15,9 @@ ones-initialised scales) is redrawn from a seeded generator, so that no fusion s
 
 Classes of ``diffusers.models.transformers`` (diffusers 0.42.1) not in the zoo, and why: ``NOT_INCLUDED`` below.
 In short: building blocks or non-DiT models (UNet-internal Transformer2DModel / TransformerTemporalModel /
-DualTransformer2DModel, PriorTransformer, T5FilmDecoder, an RVQ depth decoder, a protein model), and a set of
-newer DiT classes not yet given a tiny config (not a known CPU limitation: each still needs a config and inputs
-written and checked, as the 35 here were).
+DualTransformer2DModel / DreamLiteTransformer2DModel, PriorTransformer, T5FilmDecoder, an RVQ depth decoder, a
+protein model), and a set of newer DiT classes not yet given a tiny config (not a known CPU limitation: each still
+needs a config and inputs written and checked, as the 51 here were).
 """
 from __future__ import annotations
 
@@ -40,18 +40,20 @@ NOT_INCLUDED: dict[str, str] = {
     "T5FilmDecoder": "spectrogram T5 decoder; " + _NOT_DIT,
     "MiniMaxMusic3RVQDepthDecoder": "RVQ depth decoder of an audio model; " + _NOT_DIT,
     "RFD4ProteinaTransformer": "protein-structure model; " + _NOT_DIT,
+    "DreamLiteTransformer2DModel": "UNet-internal building block (Transformer2DModel's continuous-input branch inside "
+                                   "the DreamLite UNet); its GQA + qk-norm attention runs only with the processor the "
+                                   "UNet installs (DreamLiteAttnProcessor2_0): standalone, num_kv_heads < heads makes "
+                                   "the default AttnProcessor2_0 fail in norm_q ('The size of tensor a (8) must match "
+                                   "the size of tensor b (16)'); " + _NOT_DIT,
     **{name: _TODO for name in (
-        "AceStepTransformer1DModel", "AnyFlowTransformer3DModel", "AnyFlowFARTransformer3DModel",
-        "BriaTransformer2DModel", "BriaFiboTransformer2DModel", "BriaFibo2Transformer2DModel", "Cosmos3OmniTransformer",
-        "DreamLiteTransformer2DModel", "ErnieImageTransformer2DModel", "Flux3Transformer2DModel",
-        "GlmImageTransformer2DModel", "HeliosTransformer3DModel", "Ideogram4Transformer2DModel",
-        "JoyImageEditTransformer3DModel", "JoyImageEditPlusTransformer3DModel", "Kandinsky5Transformer3DModel",
-        "Kandinsky6Transformer3DModel", "Kandinsky6SRTransformer3DModel", "Krea2Transformer2DModel",
-        "LongCatAudioDiTTransformer", "LongCatImageTransformer2DModel", "MiniMaxH3Transformer3DModel",
+        "Cosmos3OmniTransformer",
+        "Ideogram4Transformer2DModel",
+        "Kandinsky6Transformer3DModel", "Kandinsky6SRTransformer3DModel",
+        "LongCatAudioDiTTransformer", "LongCatImageTransformer2DModel",
         "MiniMaxMusic3Transformer1DModel", "MotifVideoTransformer3DModel", "NucleusMoEImageTransformer2DModel",
         "OvisImageTransformer2DModel", "PRXTransformer2DModel", "QwenImage21Transformer2DModel",
         "SanaVideoTransformer3DModel", "SanaWMTransformer3DModel", "SanaWMLTX2RefinerTransformer3DModel",
-        "StableAudio3DiTModel", "WanAnimateTransformer3DModel", "WanAnimate2Transformer3DModel")},
+        "WanAnimateTransformer3DModel", "WanAnimate2Transformer3DModel")},
 }
 
 
@@ -398,6 +400,169 @@ def _stable_audio(g, b, n=16):
     return dict(hidden_states=_r(g, b, 4, n), timestep=_t(g, b), encoder_hidden_states=_r(g, b, 8, 16),
                 global_hidden_states=_r(g, b, 1, 16), rotary_embedding=rotary)
 
+
+# --- group 1 ---
+
+
+@_spec("AceStepTransformer1DModel", hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+       num_key_value_heads=2, head_dim=8, in_channels=24, audio_acoustic_hidden_dim=8, patch_size=2,
+       rope_theta=10000.0, sliding_window=4)
+def _ace_step(g, b, n=16):
+    # 16 frames -> 8 tokens after the stride-2 patchify; a window of 4 keeps the sliding layer's mask non-trivial
+    return dict(hidden_states=_r(g, b, n, 8), timestep=torch.rand(b, generator=g),
+                timestep_r=torch.rand(b, generator=g), encoder_hidden_states=_r(g, b, 10, 32),
+                context_latents=_r(g, b, n, 16))
+
+
+@_spec("ErnieImageTransformer2DModel", hidden_size=32, num_attention_heads=2, num_layers=2, ffn_hidden_size=48,
+       in_channels=8, out_channels=8, patch_size=1, text_in_dim=24, rope_theta=256, rope_axes_dim=(8, 4, 4))
+def _ernie_image(g, b, t=8):
+    return dict(hidden_states=_r(g, b, 8, 4, 4), timestep=_t(g, b), text_bth=_r(g, b, t, 24),
+                text_lens=torch.full((b,), t, dtype=torch.long))
+
+
+@_spec("Krea2Transformer2DModel", in_channels=16, num_layers=2, attention_head_dim=8, num_attention_heads=4,
+       num_key_value_heads=2, intermediate_size=32, timestep_embed_dim=8, text_hidden_dim=16, num_text_layers=3,
+       text_num_attention_heads=2, text_num_key_value_heads=1, text_intermediate_size=16, num_layerwise_text_blocks=1,
+       num_refiner_text_blocks=1, axes_dims_rope=(4, 2, 2), rope_theta=1000.0)
+def _krea2(g, b, h=4, w=4, t=6):
+    position_ids = torch.cat([torch.zeros(t, 3), _grid_ids(h, w)])
+    return dict(hidden_states=_r(g, b, h * w, 16), encoder_hidden_states=_r(g, b, t, 3, 16),
+                timestep=torch.rand(b, generator=g), position_ids=position_ids,
+                encoder_attention_mask=torch.ones(b, t, dtype=torch.bool))
+
+
+@_spec("MiniMaxH3Transformer3DModel", num_attention_heads=2, attention_head_dim=16, hidden_size=24, num_layers=2,
+       num_refiner_layers=1, ffn_dim=32, in_channels=4, audio_in_channels=6, patch_size=(1, 2, 2), text_dim=8,
+       freq_dim=8, time_embed_hidden_dim=24, time_embed_dim=16, rope_freq_dim=2)
+def _minimax_h3(g, b, t=4, a=6, h=4, w=4):
+    # packed [text | audio | video] rows; heads of 16 with 2 * 3 * rope_freq_dim = 12 rotated channels (partial,
+    # as in the released model); two noise levels (video/text rows use timestep 0, audio rows timestep 1)
+    v = h * w
+    n = t + a + v
+    text, audio, video = torch.arange(t), torch.arange(t, t + a), torch.arange(t + a, n)
+    tags = torch.cat([torch.ones(t), torch.full((a,), 2), torch.zeros(v)]).long()
+    timestep_indices = torch.cat([torch.zeros(t), torch.ones(a), torch.zeros(v)]).long()
+    position_ids = torch.zeros(n, 3)
+    position_ids[:, 0] = torch.arange(n)
+    position_ids[video, 1:] = _grid_ids(h, w)[:, 1:]
+    return dict(hidden_states=_r(g, b, v, 16), audio_hidden_states=_r(g, b, a, 6), encoder_hidden_states=_r(g, b, t, 8),
+                timestep=torch.rand(2, generator=g), timestep_indices=timestep_indices, token_tags=tags,
+                position_ids=position_ids, video_indices=video, audio_indices=audio, text_indices=text)
+
+
+@_spec("StableAudio3DiTModel", io_channels=8, patch_size=1, embed_dim=32, depth=2, num_heads=4, cond_token_dim=16,
+       global_cond_dim=12, local_add_cond_dim=5, timestep_features_dim=16, ff_mult=2, num_memory_tokens=3)
+def _stable_audio3(g, b, n=16):
+    # differential attention (the model's default) on; heads of 8 with 4 rotated channels (partial, as released)
+    return dict(hidden_states=_r(g, b, 8, n), timestep=torch.rand(b, generator=g),
+                encoder_hidden_states=_r(g, b, 6, 16), global_hidden_states=_r(g, b, 12),
+                encoder_attention_mask=torch.ones(b, 6, dtype=torch.bool))
+
+
+_ANYFLOW = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
+                text_dim=16, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True, rope_max_seq_len=32)
+
+
+def _anyflow_inputs(g, b, f=2, h=8, w=8):
+    t = _t(g, b)[:, None].expand(b, f).contiguous()  # one (t, r) pair per frame, r < t
+    return dict(hidden_states=_r(g, b, f, 4, h, w), timestep=t, r_timestep=t * torch.rand(b, f, generator=g),
+                encoder_hidden_states=_r(g, b, 12, 16))
+
+
+_spec("AnyFlowTransformer3DModel", **_ANYFLOW)(_anyflow_inputs)
+
+
+@_spec("AnyFlowFARTransformer3DModel", **dict(_ANYFLOW, compressed_patch_size=(1, 4, 4), full_chunk_limit=3))
+def _anyflow_far(g, b):
+    return dict(_anyflow_inputs(g, b, f=4), chunk_partition=[2, 2])
+
+
+@_spec("BriaTransformer2DModel", patch_size=1, in_channels=4, num_layers=1, num_single_layers=1,
+       attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=(4, 6, 6))
+def _bria(g, b):
+    return dict(hidden_states=_r(g, b, 16, 4), encoder_hidden_states=_r(g, b, 8, 32), timestep=_t(g, b),
+                img_ids=_grid_ids(4, 4), txt_ids=torch.zeros(8, 3))
+
+
+@_spec("BriaFiboTransformer2DModel", patch_size=1, in_channels=4, num_layers=1, num_single_layers=1,
+       attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32, text_encoder_dim=16,
+       axes_dims_rope=(4, 6, 6))
+def _bria_fibo(g, b):
+    # one text-encoder layer per block (num_layers + num_single_layers)
+    return dict(hidden_states=_r(g, b, 16, 4), encoder_hidden_states=_r(g, b, 8, 32), timestep=_t(g, b),
+                img_ids=_grid_ids(4, 4), txt_ids=torch.zeros(8, 3),
+                text_encoder_layers=[_r(g, b, 8, 16) for _ in range(2)])
+
+
+@_spec("BriaFibo2Transformer2DModel", in_channels=4, patch_size=2, dim=32, n_layers=2, n_refiner_layers=1, n_heads=2,
+       cap_feat_dim=16, injection_layer_ids=(1,), perceiver_num_layers=1, min_num_gist_tokens=4,
+       max_num_gist_tokens=8, gist_step=4, gist_min_text_len=4, gist_max_text_len=16, axes_dims=(4, 6, 6),
+       axes_lens=(32, 16, 16))
+def _bria_fibo2(g, b, t=10):
+    # encoder_hidden_states: the Perceiver's bundle, then one per injection layer
+    return dict(hidden_states=_r(g, b, 4, 8, 8), timestep=torch.rand(b, generator=g),
+                encoder_hidden_states=_r(g, b, 2, t, 16))
+
+
+@_spec("Flux3Transformer2DModel", in_channels=4, cond_in_channels=4, num_layers=1, num_single_layers=1,
+       attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32, timestep_channels=32,
+       axes_dims_rope=(4, 4, 4, 4))
+def _flux3(g, b, h=4, w=4, t=8):
+    img_ids = torch.cartesian_prod(torch.arange(1), torch.arange(h), torch.arange(w), torch.arange(1)).float()
+    txt_ids = torch.cartesian_prod(torch.arange(1), torch.arange(1), torch.arange(1), torch.arange(t)).float()
+    return dict(hidden_states=_r(g, b, h * w, 4), encoder_hidden_states=_r(g, b, t, 32),
+                timestep=torch.rand(b, generator=g), img_ids=img_ids, txt_ids=txt_ids)
+
+
+@_spec("GlmImageTransformer2DModel", patch_size=2, in_channels=4, out_channels=4, num_layers=2, attention_head_dim=8,
+       num_attention_heads=2, text_embed_dim=32, time_embed_dim=16, condition_dim=8,
+       prior_vq_quantizer_codebook_size=64)
+def _glm_image(g, b, h=8, w=8):
+    return dict(hidden_states=_r(g, b, 4, h, w), encoder_hidden_states=_r(g, b, 12, 32),
+                prior_token_id=torch.randint(0, 64, (b, h * w // 4), generator=g),
+                prior_token_drop=torch.zeros(b, dtype=torch.bool), timestep=_t(g, b),
+                target_size=torch.tensor([[h * 8.0, w * 8.0]] * b), crop_coords=torch.zeros(b, 2))
+
+
+@_spec("HeliosTransformer3DModel", patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
+       out_channels=4, text_dim=16, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True,
+       qk_norm="rms_norm_across_heads", rope_dim=(4, 4, 4))
+def _helios(g, b, f=2, h=8, w=8):
+    # the stage-1 path the pipeline runs: short / mid / long history latents with their frame indices
+    idx = lambda lo, n: torch.arange(lo, lo + n).float()[None].expand(b, -1).contiguous()  # noqa: E731
+    return dict(hidden_states=_r(g, b, 4, f, h, w), timestep=_t(g, b), encoder_hidden_states=_r(g, b, 12, 16),
+                indices_hidden_states=idx(6, f), indices_latents_history_short=idx(5, 1),
+                indices_latents_history_mid=idx(4, 1), indices_latents_history_long=idx(0, 4),
+                latents_history_short=_r(g, b, 4, 1, h, w), latents_history_mid=_r(g, b, 4, 1, h, w),
+                latents_history_long=_r(g, b, 4, 4, h, w))
+
+
+_JOY = dict(patch_size=[1, 2, 2], in_channels=16, hidden_size=32, num_attention_heads=2, text_dim=16, num_layers=2,
+            rope_dim_list=[4, 6, 6], theta=256)
+
+
+@_spec("JoyImageEditTransformer3DModel", **_JOY)
+def _joyimage(g, b):
+    return dict(hidden_states=_r(g, b, 16, 1, 8, 8), encoder_hidden_states=_r(g, b, 12, 16),
+                timestep=torch.rand(b, generator=g))
+
+
+@_spec("JoyImageEditPlusTransformer3DModel", **_JOY)
+def _joyimage_plus(g, b, h=4, w=4):
+    # patchified input [B, tokens, C, 1, 2, 2]: the target and one reference image of h x w tokens each
+    return dict(hidden_states=_r(g, b, 2 * h * w, 16, 1, 2, 2), encoder_hidden_states=_r(g, b, 12, 16),
+                encoder_hidden_states_mask=torch.ones(b, 12), timestep=torch.rand(b, generator=g),
+                shape_list=[[(1, h, w), (1, h, w)]] * b)
+
+
+@_spec("Kandinsky5Transformer3DModel", in_visual_dim=4, in_text_dim=16, in_text_dim2=8, time_dim=16, out_visual_dim=4,
+       patch_size=(1, 2, 2), model_dim=32, ff_dim=48, num_text_blocks=1, num_visual_blocks=2, axes_dims=(4, 6, 6))
+def _kandinsky5(g, b, f=2, h=8, w=8, t=8):
+    return dict(hidden_states=_r(g, b, f, h, w, 4), encoder_hidden_states=_r(g, b, t, 16), timestep=_t(g, b),
+                pooled_projections=_r(g, b, 8),
+                visual_rope_pos=[torch.arange(f), torch.arange(h // 2), torch.arange(w // 2)],
+                text_rope_pos=torch.arange(t))
 
 # ---------------------------------------------------------------------------------------------------------
 
