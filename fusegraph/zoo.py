@@ -11,13 +11,14 @@ second.
 Weights: after construction every norm weight/bias (LayerNorm, RMSNorm, GroupNorm, any parameter named *norm*)
 and every parameter left constant by the model's init (zero-initialised adaLN / gate / output projections,
 ones-initialised scales) is redrawn from a seeded generator, so that no fusion site hides behind identity weights
-(``x * (1 + 0)`` or a zero gate would make a wrongly fused AdaLN or gated residual look right).
+(``x * (1 + 0)`` or a zero gate would make a wrongly fused AdaLN or gated residual look right); so is every
+parameter the init leaves uninitialised (``torch.empty``: NucleusMoE's expert weights), named in ``_EMPTY_PARAMS``.
 
 Classes of ``diffusers.models.transformers`` (diffusers 0.42.1) not in the zoo, and why: ``NOT_INCLUDED`` below.
 In short: building blocks or non-DiT models (UNet-internal Transformer2DModel / TransformerTemporalModel /
 DualTransformer2DModel, PriorTransformer, T5FilmDecoder, an RVQ depth decoder, a protein model), and a set of
 newer DiT classes not yet given a tiny config (not a known CPU limitation: each still needs a config and inputs
-written and checked, as the 35 here were).
+written and checked, as the 39 here were).
 """
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ import torch
 
 # name -> (diffusers class name, init kwargs, inputs(generator, batch) -> kwargs, batch size)
 _SPECS: dict[str, tuple] = {}
+# name -> names of parameters the class's __init__ leaves uninitialised (``torch.empty``, filled only by a
+# checkpoint): ``build`` draws them like the constant ones, or they would hold whatever memory held
+_EMPTY_PARAMS: dict[str, tuple[str, ...]] = {}
 
 _NOT_DIT = "not a diffusion-transformer backbone of the kind fusegraph targets"
 _TODO = "not yet given a tiny config (builds without downloads as far as known; to add)"
@@ -42,13 +46,13 @@ NOT_INCLUDED: dict[str, str] = {
     "RFD4ProteinaTransformer": "protein-structure model; " + _NOT_DIT,
     **{name: _TODO for name in (
         "AceStepTransformer1DModel", "AnyFlowTransformer3DModel", "AnyFlowFARTransformer3DModel",
-        "BriaTransformer2DModel", "BriaFiboTransformer2DModel", "BriaFibo2Transformer2DModel", "Cosmos3OmniTransformer",
+        "BriaTransformer2DModel", "BriaFiboTransformer2DModel", "BriaFibo2Transformer2DModel",
         "DreamLiteTransformer2DModel", "ErnieImageTransformer2DModel", "Flux3Transformer2DModel",
-        "GlmImageTransformer2DModel", "HeliosTransformer3DModel", "Ideogram4Transformer2DModel",
+        "GlmImageTransformer2DModel", "HeliosTransformer3DModel",
         "JoyImageEditTransformer3DModel", "JoyImageEditPlusTransformer3DModel", "Kandinsky5Transformer3DModel",
         "Kandinsky6Transformer3DModel", "Kandinsky6SRTransformer3DModel", "Krea2Transformer2DModel",
-        "LongCatAudioDiTTransformer", "LongCatImageTransformer2DModel", "MiniMaxH3Transformer3DModel",
-        "MiniMaxMusic3Transformer1DModel", "MotifVideoTransformer3DModel", "NucleusMoEImageTransformer2DModel",
+        "LongCatImageTransformer2DModel", "MiniMaxH3Transformer3DModel",
+        "MiniMaxMusic3Transformer1DModel", "MotifVideoTransformer3DModel",
         "OvisImageTransformer2DModel", "PRXTransformer2DModel", "QwenImage21Transformer2DModel",
         "SanaVideoTransformer3DModel", "SanaWMTransformer3DModel", "SanaWMLTX2RefinerTransformer3DModel",
         "StableAudio3DiTModel", "WanAnimateTransformer3DModel", "WanAnimate2Transformer3DModel")},
@@ -399,6 +403,59 @@ def _stable_audio(g, b, n=16):
                 global_hidden_states=_r(g, b, 1, 16), rotary_embedding=rotary)
 
 
+
+# --- group 2 ----------------------------------------------------------------------------------------------
+
+
+@_spec("Ideogram4Transformer2DModel", in_channels=16, num_layers=2, attention_head_dim=16, num_attention_heads=2,
+       intermediate_size=48, adaln_dim=16, llm_features_dim=24, rope_theta=10_000, mrope_section=(4, 2, 2))
+def _ideogram4(g, b, t=8, h=4, w=4):
+    from diffusers.models.transformers.transformer_ideogram4 import (IMAGE_POSITION_OFFSET, LLM_TOKEN_INDICATOR,
+                                                                      OUTPUT_IMAGE_INDICATOR)
+
+    # one packed sequence per sample: t text tokens, then an h x w image grid (positions offset as the pipeline does)
+    text = torch.arange(t)[:, None].expand(t, 3)
+    grid = torch.stack([torch.zeros(h * w, dtype=torch.long), torch.arange(h).repeat_interleave(w),
+                        torch.arange(w).repeat(h)], dim=-1) + IMAGE_POSITION_OFFSET
+    indicator = torch.tensor([LLM_TOKEN_INDICATOR] * t + [OUTPUT_IMAGE_INDICATOR] * (h * w))
+    return dict(hidden_states=_r(g, b, t + h * w, 16), timestep=torch.rand(b, generator=g),
+                encoder_hidden_states=_r(g, b, t + h * w, 24), position_ids=torch.cat([text, grid])[None].repeat(b, 1, 1),
+                segment_ids=torch.ones(b, t + h * w, dtype=torch.long), indicator=indicator[None].repeat(b, 1))
+
+
+# layer 0 dense, layer 1 mixture-of-experts (expert-choice routing), as the default strategy mixes them
+_EMPTY_PARAMS["NucleusMoEImageTransformer2DModel"] = ("experts.gate_up_proj", "experts.down_proj")
+@_spec("NucleusMoEImageTransformer2DModel", patch_size=2, in_channels=16, out_channels=4, num_layers=2,
+       attention_head_dim=16, num_attention_heads=4, num_key_value_heads=2, joint_attention_dim=16,
+       axes_dims_rope=(8, 4, 4), dense_moe_strategy="leave_first_block_dense", num_experts=4,
+       moe_intermediate_dim=16, capacity_factors=[2.0, 2.0])
+def _nucleus_moe(g, b):
+    return dict(hidden_states=_r(g, b, 16, 16), encoder_hidden_states=_r(g, b, 8, 16),
+                encoder_hidden_states_mask=torch.ones(b, 8, dtype=torch.long), timestep=torch.rand(b, generator=g),
+                img_shapes=[(1, 4, 4)] * b)
+
+
+@_spec("LongCatAudioDiTTransformer", dit_dim=32, dit_depth=2, dit_heads=2, dit_text_dim=16, latent_dim=8)
+def _longcat_audio(g, b, n=16, s=10):
+    return dict(hidden_states=_r(g, b, n, 8), encoder_hidden_states=_r(g, b, s, 16),
+                encoder_attention_mask=torch.ones(b, s, dtype=torch.bool), timestep=torch.rand(b, generator=g),
+                attention_mask=torch.ones(b, n, dtype=torch.bool), latent_cond=_r(g, b, n, 8))
+
+
+# one packed sequence (the model has no batch dimension): 8 text tokens, then a 1 x 4 x 4 grid of 2x2 latent patches
+@_spec("Cosmos3OmniTransformer", batch=1, head_dim=8, hidden_size=16, intermediate_size=32, latent_channel=4,
+       latent_patch_size=2, num_attention_heads=2, num_hidden_layers=2, num_key_value_heads=1, patch_latent_dim=16,
+       rope_axes_dim=[2, 1, 1], rope_theta=10_000.0, vocab_size=32)
+def _cosmos3(g, b, t=8, h=4, w=4):
+    n = h * w
+    grid = torch.stack([torch.full((n,), t), torch.arange(h).repeat_interleave(w), torch.arange(w).repeat(h)])
+    vision = torch.arange(t, t + n)
+    return dict(input_ids=torch.randint(0, 32, (t,), generator=g), text_indexes=torch.arange(t),
+                position_ids=torch.cat([torch.arange(t)[None].expand(3, t), grid], dim=1), und_len=t,
+                sequence_length=t + n, vision_tokens=[_r(g, 1, 4, 1, 2 * h, 2 * w)], vision_token_shapes=[(1, h, w)],
+                vision_sequence_indexes=vision, vision_mse_loss_indexes=vision,
+                vision_timesteps=_t(g, n), vision_noisy_frame_indexes=[torch.tensor([0])])
+
 # ---------------------------------------------------------------------------------------------------------
 
 
@@ -431,15 +488,18 @@ def _is_norm(module: torch.nn.Module) -> bool:
 
 
 @torch.no_grad()
-def randomize_weights(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Redraws, from a generator seeded with ``seed``, every parameter of a norm (or named *norm*) and every
+def randomize_weights(model: torch.nn.Module, seed: int = 0, empty: tuple[str, ...] = ()) -> torch.nn.Module:
+    """Redraws, from a generator seeded with ``seed``, every parameter of a norm (or named *norm*), every
     parameter the model's init left constant (zero-initialised adaLN / gate / output projections, ones-filled
-    scales): weights around 1 (norm weights) or at the scale of a default Linear init, biases small."""
+    scales) and every parameter whose name ends with one of ``empty`` (left uninitialised by the init): weights
+    around 1 (norm weights) or at the scale of a default Linear init, biases small."""
     g = torch.Generator().manual_seed(20_000 + seed)
     norm_params = {id(p) for m in model.modules() if _is_norm(m) for p in m.parameters(recurse=False)}
     for name, p in model.named_parameters():
         if not p.is_floating_point() or p.numel() == 0:
             continue
+        if any(name.endswith(e) for e in empty):
+            p.zero_()  # uninitialised memory: drawn below as a weight at the Linear scale
         constant = bool((p == p.reshape(-1)[0]).all())
         is_norm = id(p) in norm_params or "norm" in name.lower()
         if not (is_norm or constant):
@@ -464,7 +524,7 @@ def build(name: str, dtype: torch.dtype = torch.float32, seed: int = 0) -> tuple
     cls_name, init, _, _ = _SPECS[name]
     torch.manual_seed(seed)
     model = getattr(diffusers, cls_name)(**init)
-    randomize_weights(model, seed)
+    randomize_weights(model, seed, _EMPTY_PARAMS.get(name, ()))
     model = model.eval().to(dtype)
     return model, inputs(name, dtype, seed)
 
