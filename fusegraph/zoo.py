@@ -18,7 +18,7 @@ Classes of ``diffusers.models.transformers`` (diffusers 0.42.1) not in the zoo, 
 In short: building blocks or non-DiT models (UNet-internal Transformer2DModel / TransformerTemporalModel /
 DualTransformer2DModel, PriorTransformer, T5FilmDecoder, an RVQ depth decoder, a protein model), and a set of
 newer DiT classes not yet given a tiny config (not a known CPU limitation: each still needs a config and inputs
-written and checked, as the 39 here were).
+written and checked, as the 41 here were).
 """
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ NOT_INCLUDED: dict[str, str] = {
         "DreamLiteTransformer2DModel", "ErnieImageTransformer2DModel", "Flux3Transformer2DModel",
         "GlmImageTransformer2DModel", "HeliosTransformer3DModel",
         "JoyImageEditTransformer3DModel", "JoyImageEditPlusTransformer3DModel", "Kandinsky5Transformer3DModel",
-        "Kandinsky6Transformer3DModel", "Kandinsky6SRTransformer3DModel", "Krea2Transformer2DModel",
+        "Krea2Transformer2DModel",
         "LongCatImageTransformer2DModel", "MiniMaxH3Transformer3DModel",
         "MiniMaxMusic3Transformer1DModel", "MotifVideoTransformer3DModel",
         "OvisImageTransformer2DModel", "PRXTransformer2DModel", "QwenImage21Transformer2DModel",
@@ -455,6 +455,24 @@ def _cosmos3(g, b, t=8, h=4, w=4):
                 sequence_length=t + n, vision_tokens=[_r(g, 1, 4, 1, 2 * h, 2 * w)], vision_token_shapes=[(1, h, w)],
                 vision_sequence_indexes=vision, vision_mse_loss_indexes=vision,
                 vision_timesteps=_t(g, n), vision_noisy_frame_indexes=[torch.tensor([0])])
+
+
+# the released checkpoints' variant (text_token_padding, ca_rope, cross_gates, fix_modulation on); video with audio
+@_spec("Kandinsky6Transformer3DModel", in_visual_dim=4, out_visual_dim=4, in_text_dim=16, in_text_dim2=8,
+       time_dim=16, patch_size=(1, 2, 2), model_dim=32, ff_dim=64, num_text_blocks=1, num_visual_blocks=2,
+       axes_dims=(4, 6, 6), in_audio_dim=4, out_audio_dim=4, text_token_padding=True, ca_rope=True, cross_gates=True,
+       fix_modulation=True)
+def _kandinsky6(g, b, s=8):
+    return dict(hidden_states=_r(g, b, 2, 8, 8, 9), encoder_hidden_states=_r(g, b, s, 16),
+                pooled_projections=_r(g, b, 8), timestep=_t(g, b), audio_hidden_states=_r(g, b, 12, 4),
+                encoder_attention_mask=torch.ones(b, s, dtype=torch.bool))
+
+
+# NABLA attention groups 8x8 token tiles: a 1 x 8 x 8 token grid is the smallest
+@_spec("Kandinsky6SRTransformer3DModel", in_visual_dim=4, out_visual_dim=16, time_dim=16, patch_size=(1, 1, 1),
+       model_dim=32, ff_dim=64, num_visual_blocks=2, axes_dims=(4, 6, 6))
+def _kandinsky6_sr(g, b):
+    return dict(hidden_states=_r(g, b, 1, 8, 8, 9), timestep=_t(g, b))
 
 # ---------------------------------------------------------------------------------------------------------
 
