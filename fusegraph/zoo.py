@@ -18,7 +18,7 @@ Classes of ``diffusers.models.transformers`` (diffusers 0.42.1) not in the zoo, 
 In short: building blocks or non-DiT models (UNet-internal Transformer2DModel / TransformerTemporalModel /
 DualTransformer2DModel, PriorTransformer, T5FilmDecoder, an RVQ depth decoder, a protein model), and a set of
 newer DiT classes not yet given a tiny config (not a known CPU limitation: each still needs a config and inputs
-written and checked, as the 41 here were).
+written and checked, as the 46 here were).
 """
 from __future__ import annotations
 
@@ -51,9 +51,8 @@ NOT_INCLUDED: dict[str, str] = {
         "GlmImageTransformer2DModel", "HeliosTransformer3DModel",
         "JoyImageEditTransformer3DModel", "JoyImageEditPlusTransformer3DModel", "Kandinsky5Transformer3DModel",
         "Krea2Transformer2DModel",
-        "LongCatImageTransformer2DModel", "MiniMaxH3Transformer3DModel",
-        "MiniMaxMusic3Transformer1DModel", "MotifVideoTransformer3DModel",
-        "OvisImageTransformer2DModel", "PRXTransformer2DModel", "QwenImage21Transformer2DModel",
+        "MiniMaxH3Transformer3DModel",
+        "QwenImage21Transformer2DModel",
         "SanaVideoTransformer3DModel", "SanaWMTransformer3DModel", "SanaWMLTX2RefinerTransformer3DModel",
         "StableAudio3DiTModel", "WanAnimateTransformer3DModel", "WanAnimate2Transformer3DModel")},
 }
@@ -473,6 +472,43 @@ def _kandinsky6(g, b, s=8):
        model_dim=32, ff_dim=64, num_visual_blocks=2, axes_dims=(4, 6, 6))
 def _kandinsky6_sr(g, b):
     return dict(hidden_states=_r(g, b, 1, 8, 8, 9), timestep=_t(g, b))
+
+
+@_spec("LongCatImageTransformer2DModel", patch_size=1, in_channels=4, num_layers=1, num_single_layers=1,
+       attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32,
+       axes_dims_rope=[4, 4, 8])
+def _longcat_image(g, b):
+    return dict(hidden_states=_r(g, b, 16, 4), encoder_hidden_states=_r(g, b, 8, 32), timestep=torch.rand(b, generator=g),
+                img_ids=_grid_ids(4, 4), txt_ids=torch.zeros(8, 3), guidance=torch.rand(b, generator=g) * 4)
+
+
+# partial rotary as the default config (rotary_dim 32 of head 64): 8 of 16 here
+@_spec("MiniMaxMusic3Transformer1DModel", in_channels=8, condition_dim=16, num_layers=2, num_attention_heads=2,
+       attention_head_dim=16, ff_inner_dim=32, rotary_dim=8, fourier_embedding_dim=8)
+def _minimax_music3(g, b, n=24):
+    return dict(hidden_states=_r(g, b, 8, n), timestep=torch.rand(b, generator=g), encoder_hidden_states=_r(g, b, n, 16))
+
+
+@_spec("MotifVideoTransformer3DModel", in_channels=9, out_channels=4, num_attention_heads=2, attention_head_dim=12,
+       num_layers=1, num_single_layers=1, num_decoder_layers=1, mlp_ratio=2.0, patch_size=1, patch_size_t=1,
+       qk_norm="rms_norm", text_embed_dim=16, image_embed_dim=4, rope_theta=256.0, rope_axes_dim=(4, 4, 4))
+def _motif_video(g, b):
+    return dict(hidden_states=_r(g, b, 9, 2, 4, 4), encoder_hidden_states=_r(g, b, 8, 16), timestep=_t(g, b),
+                encoder_attention_mask=torch.ones(b, 8, dtype=torch.bool), image_embeds=_r(g, b, 4, 4))
+
+
+@_spec("OvisImageTransformer2DModel", patch_size=1, in_channels=4, out_channels=4, num_layers=1, num_single_layers=1,
+       attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=(4, 4, 8))
+def _ovis_image(g, b):
+    return dict(hidden_states=_r(g, b, 16, 4), encoder_hidden_states=_r(g, b, 8, 32), timestep=torch.rand(b, generator=g),
+                img_ids=_grid_ids(4, 4), txt_ids=torch.zeros(8, 3))
+
+
+@_spec("PRXTransformer2DModel", in_channels=4, patch_size=2, context_in_dim=16, hidden_size=32, mlp_ratio=2.0,
+       num_heads=2, depth=2, axes_dim=[8, 8])
+def _prx(g, b):
+    return dict(hidden_states=_r(g, b, 4, 8, 8), timestep=torch.rand(b, generator=g), encoder_hidden_states=_r(g, b, 8, 16),
+                attention_mask=torch.ones(b, 8, dtype=torch.bool))
 
 # ---------------------------------------------------------------------------------------------------------
 
