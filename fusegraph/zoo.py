@@ -18,7 +18,7 @@ Classes of ``diffusers.models.transformers`` (diffusers 0.42.1) not in the zoo, 
 In short: building blocks or non-DiT models (UNet-internal Transformer2DModel / TransformerTemporalModel /
 DualTransformer2DModel, PriorTransformer, T5FilmDecoder, an RVQ depth decoder, a protein model), and a set of
 newer DiT classes not yet given a tiny config (not a known CPU limitation: each still needs a config and inputs
-written and checked, as the 46 here were).
+written and checked, as the 50 here were).
 """
 from __future__ import annotations
 
@@ -52,8 +52,6 @@ NOT_INCLUDED: dict[str, str] = {
         "JoyImageEditTransformer3DModel", "JoyImageEditPlusTransformer3DModel", "Kandinsky5Transformer3DModel",
         "Krea2Transformer2DModel",
         "MiniMaxH3Transformer3DModel",
-        "QwenImage21Transformer2DModel",
-        "SanaVideoTransformer3DModel", "SanaWMTransformer3DModel", "SanaWMLTX2RefinerTransformer3DModel",
         "StableAudio3DiTModel", "WanAnimateTransformer3DModel", "WanAnimate2Transformer3DModel")},
 }
 
@@ -509,6 +507,71 @@ def _ovis_image(g, b):
 def _prx(g, b):
     return dict(hidden_states=_r(g, b, 4, 8, 8), timestep=torch.rand(b, generator=g), encoder_hidden_states=_r(g, b, 8, 16),
                 attention_mask=torch.ones(b, 8, dtype=torch.bool))
+
+
+# a condition image (1 x 2 x 2 latent tokens: one vision-language slot amid the text) and the target (1 x 4 x 4: four
+# slots at the end); block-causal prefill of the joint sequence (the default processor), t=0 rows for the prefix
+@_spec("QwenImage21Transformer2DModel", patch_size=1, in_channels=16, out_channels=16, num_layers=2,
+       attention_head_dim=16, num_attention_heads=2, context_in_dim=16, axes_dims_rope=(4, 6, 6))
+def _qwenimage21(g, b):
+    img_mask = torch.tensor([False] * 4 + [True] + [False] * 4 + [True] * 4)
+    return dict(hidden_states=_r(g, b, 4 + 16, 16), encoder_hidden_states=_r(g, b, 9, 16),
+                timestep=torch.rand(b, generator=g), img_shapes=[[(1, 2, 2), (1, 4, 4)]] * b,
+                img_mask=img_mask[None].repeat(b, 1), encoder_hidden_states_mask=torch.ones(b, 9, dtype=torch.bool))
+
+
+@_spec("SanaVideoTransformer3DModel", in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=12,
+       num_layers=2, num_cross_attention_heads=2, cross_attention_head_dim=12, cross_attention_dim=24,
+       caption_channels=16, sample_size=8, patch_size=(1, 2, 2), rope_max_seq_len=32)
+def _sana_video(g, b):
+    return dict(hidden_states=_r(g, b, 4, 2, 8, 8), encoder_hidden_states=_r(g, b, 8, 16), timestep=_t(g, b),
+                encoder_attention_mask=torch.ones(b, 8))
+
+
+# block 0 a gated-delta-net linear-attention block, block 1 softmax attention (every softmax_every_n-th); camera
+# control as the pipeline passes it (a raymap per latent frame and chunked Plücker maps, from a small random
+# trajectory through the pipeline's own prepare_camera); per-frame timesteps (B, 1, F)
+@_spec("SanaWMTransformer3DModel", in_channels=4, num_layers=2, hidden_size=32, num_attention_heads=2,
+       softmax_every_n=2, linear_head_dim=16, caption_channels=16, chunk_plucker_channels=24,
+       chunk_plucker_post_attn_blocks=2, image_size=64)
+def _sana_wm(g, b, f=5):
+    from diffusers.pipelines.sana_wm.cam_utils import prepare_camera
+
+    c2w = torch.eye(4).repeat(f, 1, 1)
+    c2w[:, :3, 3] = _r(g, f, 3, scale=0.1)
+    intrinsics = torch.tensor([[64.0, 64.0, 32.0, 32.0]]).repeat(f, 1)
+    cam = prepare_camera(c2w.numpy(), intrinsics.numpy(), target_size=(64, 64), vae_stride=(4, 8, 8))
+    return dict(hidden_states=_r(g, b, 4, 2, 8, 8), timestep=_t(g, b * 2).reshape(b, 1, 2),
+                encoder_hidden_states=_r(g, b, 8, 16), encoder_attention_mask=torch.ones(b, 8),
+                camera_conditions=cam["raymap"][None].repeat(b, 1, 1),
+                chunk_plucker=cam["chunk_plucker"][None].repeat(b, 1, 1, 1, 1))
+
+
+_SANA_WM_REFINER = dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8,
+                        cross_attention_dim=16, audio_in_channels=4, audio_out_channels=4, audio_num_attention_heads=2,
+                        audio_attention_head_dim=4, audio_cross_attention_dim=8, num_layers=2, caption_channels=16)
+
+
+# one AR block of the video-only refiner without a KV cache (plain self-attention over the block); the RoPE the
+# pipeline passes comes from the model's build_rotary_emb_for_absolute_positions, rebuilt here on a rope module of
+# the same config (the method reads only ``self.rope``)
+@_spec("SanaWMLTX2RefinerTransformer3DModel", **_SANA_WM_REFINER)
+def _sana_wm_refiner(g, b, f=2, h=4, w=4):
+    from types import SimpleNamespace
+
+    from diffusers import SanaWMLTX2RefinerTransformer3DModel as Refiner
+    from diffusers.models.transformers.transformer_sana_wm_refiner import SanaWMLTX2AudioVideoRotaryPosEmbed
+
+    c = _SANA_WM_REFINER
+    rope = SanaWMLTX2AudioVideoRotaryPosEmbed(
+        dim=c["num_attention_heads"] * c["attention_head_dim"], patch_size=1, patch_size_t=1, base_num_frames=20,
+        base_height=2048, base_width=2048, scale_factors=(8, 32, 32), theta=10000.0, causal_offset=1,
+        modality="video", double_precision=True, rope_type="interleaved", num_attention_heads=c["num_attention_heads"])
+    cos, sin = Refiner.build_rotary_emb_for_absolute_positions(SimpleNamespace(rope=rope), b, list(range(3, 3 + f)), h,
+                                                               w, torch.device("cpu"), fps=24.0)
+    return dict(hidden_states=_r(g, b, f * h * w, 4), encoder_hidden_states=_r(g, b, 8, 16),
+                timestep=_t(g, b)[:, None].expand(b, f * h * w).contiguous(), video_rotary_emb=(cos, sin),
+                encoder_attention_mask=torch.ones(b, 8))
 
 # ---------------------------------------------------------------------------------------------------------
 
