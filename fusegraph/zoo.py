@@ -18,7 +18,7 @@ Classes of ``diffusers.models.transformers`` (diffusers 0.42.1) not in the zoo, 
 In short: building blocks or non-DiT models (UNet-internal Transformer2DModel / TransformerTemporalModel /
 DualTransformer2DModel, PriorTransformer, T5FilmDecoder, an RVQ depth decoder, a protein model), and a set of
 newer DiT classes not yet given a tiny config (not a known CPU limitation: each still needs a config and inputs
-written and checked, as the 50 here were).
+written and checked, as the 52 here were).
 """
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ NOT_INCLUDED: dict[str, str] = {
         "JoyImageEditTransformer3DModel", "JoyImageEditPlusTransformer3DModel", "Kandinsky5Transformer3DModel",
         "Krea2Transformer2DModel",
         "MiniMaxH3Transformer3DModel",
-        "StableAudio3DiTModel", "WanAnimateTransformer3DModel", "WanAnimate2Transformer3DModel")},
+        "StableAudio3DiTModel")},
 }
 
 
@@ -572,6 +572,39 @@ def _sana_wm_refiner(g, b, f=2, h=4, w=4):
     return dict(hidden_states=_r(g, b, f * h * w, 4), encoder_hidden_states=_r(g, b, 8, 16),
                 timestep=_t(g, b)[:, None].expand(b, f * h * w).contiguous(), video_rotary_emb=(cos, sin),
                 encoder_attention_mask=torch.ones(b, 8))
+
+
+# T = 2 latent frames (+1 reference frame) and a 5-frame 16 x 16 face video: the face encoder's two stride-2 causal
+# convolutions give 2 motion frames (+1 zero pad) = T + 1, one per latent frame, as in the pipeline (77 -> 21)
+@_spec("WanAnimateTransformer3DModel", **dict(_WAN, in_channels=12, latent_channels=4, image_dim=16,
+                                              motion_encoder_channel_sizes={"4": 16, "8": 16, "16": 16},
+                                              motion_encoder_size=16, motion_style_dim=8, motion_dim=4,
+                                              motion_encoder_dim=16, face_encoder_hidden_dim=16,
+                                              face_encoder_num_heads=2, inject_face_latents_blocks=2))
+def _wan_animate(g, b, t=2):
+    return dict(hidden_states=_r(g, b, 12, t + 1, 8, 8), timestep=_t(g, b), encoder_hidden_states=_r(g, b, 12, 16),
+                encoder_hidden_states_image=_r(g, b, 8, 16), pose_hidden_states=_r(g, b, 4, t, 8, 8),
+                face_pixel_values=_r(g, b, 3, 5, 16, 16))
+
+
+# one denoising step (kv_cache_mode="cached", the pass the pipeline repeats) of a 5-frame 32 x 32 segment: 3 latent
+# frames of 2 x 2 patches attend, through the flex BlockMask, to each other and to 2 cached reference frames. The
+# cache holds the reference pass's pre-RoPE K/V ((B, 8, heads, head_dim)); here they are seeded random tensors in
+# a fresh cache per call of ``inputs`` (what the model reads from them is all it needs). CLIP features are 1280-wide
+# (MLPProj hard-codes the CLIP width).
+@_spec("WanAnimate2Transformer3DModel", patch_size=(1, 2, 2), text_len=16, in_dim=12, dim=32, ffn_dim=64, freq_dim=64,
+       text_dim=16, out_dim=4, num_heads=2, num_layers=2)
+def _wan_animate2(g, b, ref=2, gen=3, h=4, w=4, heads=2, head_dim=16, layers=2):
+    from diffusers.models.transformers.transformer_wan_animate_2 import WanAnimate2KVCache
+
+    cache = WanAnimate2KVCache(layers)
+    for layer in cache.layer_caches:
+        layer.store(_r(g, b, ref * h * w // 4, heads, head_dim), _r(g, b, ref * h * w // 4, heads, head_dim))
+    return dict(hidden_states=[_r(g, 4, gen, h, w) for _ in range(b)], timestep=_t(g, b),
+                encoder_hidden_states=[_r(g, 8, 16) for _ in range(b)],
+                condition_latents=[_r(g, 8, gen, h, w) for _ in range(b)], encoder_hidden_states_image=_r(g, b, 4, 1280),
+                kv_cache=cache, kv_cache_mode="cached", seq_len=gen * h * w // 4,
+                reference_grid_sizes=torch.tensor([[ref, h // 2, w // 2]] * b), origin_len=5, origin_area=[32, 32])
 
 # ---------------------------------------------------------------------------------------------------------
 
