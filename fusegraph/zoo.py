@@ -416,7 +416,8 @@ def _ideogram4(g, b, t=8, h=4, w=4):
                         torch.arange(w).repeat(h)], dim=-1) + IMAGE_POSITION_OFFSET
     indicator = torch.tensor([LLM_TOKEN_INDICATOR] * t + [OUTPUT_IMAGE_INDICATOR] * (h * w))
     return dict(hidden_states=_r(g, b, t + h * w, 16), timestep=torch.rand(b, generator=g),
-                encoder_hidden_states=_r(g, b, t + h * w, 24), position_ids=torch.cat([text, grid])[None].repeat(b, 1, 1),
+                encoder_hidden_states=_r(g, b, t + h * w, 24),
+                position_ids=torch.cat([text, grid])[None].repeat(b, 1, 1),
                 segment_ids=torch.ones(b, t + h * w, dtype=torch.long), indicator=indicator[None].repeat(b, 1))
 
 
@@ -476,15 +477,17 @@ def _kandinsky6_sr(g, b):
        attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32,
        axes_dims_rope=[4, 4, 8])
 def _longcat_image(g, b):
-    return dict(hidden_states=_r(g, b, 16, 4), encoder_hidden_states=_r(g, b, 8, 32), timestep=torch.rand(b, generator=g),
-                img_ids=_grid_ids(4, 4), txt_ids=torch.zeros(8, 3), guidance=torch.rand(b, generator=g) * 4)
+    return dict(hidden_states=_r(g, b, 16, 4), encoder_hidden_states=_r(g, b, 8, 32),
+                timestep=torch.rand(b, generator=g), img_ids=_grid_ids(4, 4), txt_ids=torch.zeros(8, 3),
+                guidance=torch.rand(b, generator=g) * 4)
 
 
 # partial rotary as the default config (rotary_dim 32 of head 64): 8 of 16 here
 @_spec("MiniMaxMusic3Transformer1DModel", in_channels=8, condition_dim=16, num_layers=2, num_attention_heads=2,
        attention_head_dim=16, ff_inner_dim=32, rotary_dim=8, fourier_embedding_dim=8)
 def _minimax_music3(g, b, n=24):
-    return dict(hidden_states=_r(g, b, 8, n), timestep=torch.rand(b, generator=g), encoder_hidden_states=_r(g, b, n, 16))
+    return dict(hidden_states=_r(g, b, 8, n), timestep=torch.rand(b, generator=g),
+                encoder_hidden_states=_r(g, b, n, 16))
 
 
 @_spec("MotifVideoTransformer3DModel", in_channels=9, out_channels=4, num_attention_heads=2, attention_head_dim=12,
@@ -498,15 +501,15 @@ def _motif_video(g, b):
 @_spec("OvisImageTransformer2DModel", patch_size=1, in_channels=4, out_channels=4, num_layers=1, num_single_layers=1,
        attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=(4, 4, 8))
 def _ovis_image(g, b):
-    return dict(hidden_states=_r(g, b, 16, 4), encoder_hidden_states=_r(g, b, 8, 32), timestep=torch.rand(b, generator=g),
-                img_ids=_grid_ids(4, 4), txt_ids=torch.zeros(8, 3))
+    return dict(hidden_states=_r(g, b, 16, 4), encoder_hidden_states=_r(g, b, 8, 32),
+                timestep=torch.rand(b, generator=g), img_ids=_grid_ids(4, 4), txt_ids=torch.zeros(8, 3))
 
 
 @_spec("PRXTransformer2DModel", in_channels=4, patch_size=2, context_in_dim=16, hidden_size=32, mlp_ratio=2.0,
        num_heads=2, depth=2, axes_dim=[8, 8])
 def _prx(g, b):
-    return dict(hidden_states=_r(g, b, 4, 8, 8), timestep=torch.rand(b, generator=g), encoder_hidden_states=_r(g, b, 8, 16),
-                attention_mask=torch.ones(b, 8, dtype=torch.bool))
+    return dict(hidden_states=_r(g, b, 4, 8, 8), timestep=torch.rand(b, generator=g),
+                encoder_hidden_states=_r(g, b, 8, 16), attention_mask=torch.ones(b, 8, dtype=torch.bool))
 
 
 # a condition image (1 x 2 x 2 latent tokens: one vision-language slot amid the text) and the target (1 x 4 x 4: four
@@ -591,7 +594,8 @@ def _wan_animate(g, b, t=2):
 # frames of 2 x 2 patches attend, through the flex BlockMask, to each other and to 2 cached reference frames. The
 # cache holds the reference pass's pre-RoPE K/V ((B, 8, heads, head_dim)); here they are seeded random tensors in
 # a fresh cache per call of ``inputs`` (what the model reads from them is all it needs). CLIP features are 1280-wide
-# (MLPProj hard-codes the CLIP width).
+# (MLPProj hard-codes the CLIP width). The first forward in a process builds the BlockMask with
+# ``create_block_mask(_compile=True)`` (seconds, once per process); every later call runs in ~20 ms.
 @_spec("WanAnimate2Transformer3DModel", patch_size=(1, 2, 2), text_len=16, in_dim=12, dim=32, ffn_dim=64, freq_dim=64,
        text_dim=16, out_dim=4, num_heads=2, num_layers=2)
 def _wan_animate2(g, b, ref=2, gen=3, h=4, w=4, heads=2, head_dim=16, layers=2):
@@ -602,7 +606,8 @@ def _wan_animate2(g, b, ref=2, gen=3, h=4, w=4, heads=2, head_dim=16, layers=2):
         layer.store(_r(g, b, ref * h * w // 4, heads, head_dim), _r(g, b, ref * h * w // 4, heads, head_dim))
     return dict(hidden_states=[_r(g, 4, gen, h, w) for _ in range(b)], timestep=_t(g, b),
                 encoder_hidden_states=[_r(g, 8, 16) for _ in range(b)],
-                condition_latents=[_r(g, 8, gen, h, w) for _ in range(b)], encoder_hidden_states_image=_r(g, b, 4, 1280),
+                condition_latents=[_r(g, 8, gen, h, w) for _ in range(b)],
+                encoder_hidden_states_image=_r(g, b, 4, 1280),
                 kv_cache=cache, kv_cache_mode="cached", seq_len=gen * h * w // 4,
                 reference_grid_sizes=torch.tensor([[ref, h // 2, w // 2]] * b), origin_len=5, origin_area=[32, 32])
 
