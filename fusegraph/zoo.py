@@ -11,13 +11,14 @@ second.
 Weights: after construction every norm weight/bias (LayerNorm, RMSNorm, GroupNorm, any parameter named *norm*)
 and every parameter left constant by the model's init (zero-initialised adaLN / gate / output projections,
 ones-initialised scales) is redrawn from a seeded generator, so that no fusion site hides behind identity weights
-(``x * (1 + 0)`` or a zero gate would make a wrongly fused AdaLN or gated residual look right).
+(``x * (1 + 0)`` or a zero gate would make a wrongly fused AdaLN or gated residual look right); so is every
+parameter the init leaves uninitialised (``torch.empty``: NucleusMoE's expert weights), named in ``_EMPTY_PARAMS``.
 
 Classes of ``diffusers.models.transformers`` (diffusers 0.42.1) not in the zoo, and why: ``NOT_INCLUDED`` below.
 In short: building blocks or non-DiT models (UNet-internal Transformer2DModel / TransformerTemporalModel /
 DualTransformer2DModel / DreamLiteTransformer2DModel, PriorTransformer, T5FilmDecoder, an RVQ depth decoder, a
-protein model), and a set of newer DiT classes not yet given a tiny config (not a known CPU limitation: each still
-needs a config and inputs written and checked, as the 51 here were).
+protein model). Every diffusion-transformer class of diffusers.models.transformers is in the zoo (68), each given a
+config and inputs written and checked by hand.
 """
 from __future__ import annotations
 
@@ -28,9 +29,11 @@ import torch
 
 # name -> (diffusers class name, init kwargs, inputs(generator, batch) -> kwargs, batch size)
 _SPECS: dict[str, tuple] = {}
+# name -> names of parameters the class's __init__ leaves uninitialised (``torch.empty``, filled only by a
+# checkpoint): ``build`` draws them like the constant ones, or they would hold whatever memory held
+_EMPTY_PARAMS: dict[str, tuple[str, ...]] = {}
 
 _NOT_DIT = "not a diffusion-transformer backbone of the kind fusegraph targets"
-_TODO = "not yet given a tiny config (builds without downloads as far as known; to add)"
 NOT_INCLUDED: dict[str, str] = {
     "Transformer2DModel": "UNet-internal building block (its DiT/PixArt uses are DiTTransformer2DModel / "
                           "PixArtTransformer2DModel, both in the zoo)",
@@ -45,15 +48,6 @@ NOT_INCLUDED: dict[str, str] = {
                                    "UNet installs (DreamLiteAttnProcessor2_0): standalone, num_kv_heads < heads makes "
                                    "the default AttnProcessor2_0 fail in norm_q ('The size of tensor a (8) must match "
                                    "the size of tensor b (16)'); " + _NOT_DIT,
-    **{name: _TODO for name in (
-        "Cosmos3OmniTransformer",
-        "Ideogram4Transformer2DModel",
-        "Kandinsky6Transformer3DModel", "Kandinsky6SRTransformer3DModel",
-        "LongCatAudioDiTTransformer", "LongCatImageTransformer2DModel",
-        "MiniMaxMusic3Transformer1DModel", "MotifVideoTransformer3DModel", "NucleusMoEImageTransformer2DModel",
-        "OvisImageTransformer2DModel", "PRXTransformer2DModel", "QwenImage21Transformer2DModel",
-        "SanaVideoTransformer3DModel", "SanaWMTransformer3DModel", "SanaWMLTX2RefinerTransformer3DModel",
-        "WanAnimateTransformer3DModel", "WanAnimate2Transformer3DModel")},
 }
 
 
@@ -564,6 +558,217 @@ def _kandinsky5(g, b, f=2, h=8, w=8, t=8):
                 visual_rope_pos=[torch.arange(f), torch.arange(h // 2), torch.arange(w // 2)],
                 text_rope_pos=torch.arange(t))
 
+
+# --- group 2 ----------------------------------------------------------------------------------------------
+
+
+@_spec("Ideogram4Transformer2DModel", in_channels=16, num_layers=2, attention_head_dim=16, num_attention_heads=2,
+       intermediate_size=48, adaln_dim=16, llm_features_dim=24, rope_theta=10_000, mrope_section=(4, 2, 2))
+def _ideogram4(g, b, t=8, h=4, w=4):
+    from diffusers.models.transformers.transformer_ideogram4 import (IMAGE_POSITION_OFFSET, LLM_TOKEN_INDICATOR,
+                                                                      OUTPUT_IMAGE_INDICATOR)
+
+    # one packed sequence per sample: t text tokens, then an h x w image grid (positions offset as the pipeline does)
+    text = torch.arange(t)[:, None].expand(t, 3)
+    grid = torch.stack([torch.zeros(h * w, dtype=torch.long), torch.arange(h).repeat_interleave(w),
+                        torch.arange(w).repeat(h)], dim=-1) + IMAGE_POSITION_OFFSET
+    indicator = torch.tensor([LLM_TOKEN_INDICATOR] * t + [OUTPUT_IMAGE_INDICATOR] * (h * w))
+    return dict(hidden_states=_r(g, b, t + h * w, 16), timestep=torch.rand(b, generator=g),
+                encoder_hidden_states=_r(g, b, t + h * w, 24),
+                position_ids=torch.cat([text, grid])[None].repeat(b, 1, 1),
+                segment_ids=torch.ones(b, t + h * w, dtype=torch.long), indicator=indicator[None].repeat(b, 1))
+
+
+# layer 0 dense, layer 1 mixture-of-experts (expert-choice routing), as the default strategy mixes them
+_EMPTY_PARAMS["NucleusMoEImageTransformer2DModel"] = ("experts.gate_up_proj", "experts.down_proj")
+@_spec("NucleusMoEImageTransformer2DModel", patch_size=2, in_channels=16, out_channels=4, num_layers=2,
+       attention_head_dim=16, num_attention_heads=4, num_key_value_heads=2, joint_attention_dim=16,
+       axes_dims_rope=(8, 4, 4), dense_moe_strategy="leave_first_block_dense", num_experts=4,
+       moe_intermediate_dim=16, capacity_factors=[2.0, 2.0])
+def _nucleus_moe(g, b):
+    return dict(hidden_states=_r(g, b, 16, 16), encoder_hidden_states=_r(g, b, 8, 16),
+                encoder_hidden_states_mask=torch.ones(b, 8, dtype=torch.long), timestep=torch.rand(b, generator=g),
+                img_shapes=[(1, 4, 4)] * b)
+
+
+@_spec("LongCatAudioDiTTransformer", dit_dim=32, dit_depth=2, dit_heads=2, dit_text_dim=16, latent_dim=8)
+def _longcat_audio(g, b, n=16, s=10):
+    return dict(hidden_states=_r(g, b, n, 8), encoder_hidden_states=_r(g, b, s, 16),
+                encoder_attention_mask=torch.ones(b, s, dtype=torch.bool), timestep=torch.rand(b, generator=g),
+                attention_mask=torch.ones(b, n, dtype=torch.bool), latent_cond=_r(g, b, n, 8))
+
+
+# one packed sequence (the model has no batch dimension): 8 text tokens, then a 1 x 4 x 4 grid of 2x2 latent patches
+@_spec("Cosmos3OmniTransformer", batch=1, head_dim=8, hidden_size=16, intermediate_size=32, latent_channel=4,
+       latent_patch_size=2, num_attention_heads=2, num_hidden_layers=2, num_key_value_heads=1, patch_latent_dim=16,
+       rope_axes_dim=[2, 1, 1], rope_theta=10_000.0, vocab_size=32)
+def _cosmos3(g, b, t=8, h=4, w=4):
+    n = h * w
+    grid = torch.stack([torch.full((n,), t), torch.arange(h).repeat_interleave(w), torch.arange(w).repeat(h)])
+    vision = torch.arange(t, t + n)
+    return dict(input_ids=torch.randint(0, 32, (t,), generator=g), text_indexes=torch.arange(t),
+                position_ids=torch.cat([torch.arange(t)[None].expand(3, t), grid], dim=1), und_len=t,
+                sequence_length=t + n, vision_tokens=[_r(g, 1, 4, 1, 2 * h, 2 * w)], vision_token_shapes=[(1, h, w)],
+                vision_sequence_indexes=vision, vision_mse_loss_indexes=vision,
+                vision_timesteps=_t(g, n), vision_noisy_frame_indexes=[torch.tensor([0])])
+
+
+# the released checkpoints' variant (text_token_padding, ca_rope, cross_gates, fix_modulation on); video with audio
+@_spec("Kandinsky6Transformer3DModel", in_visual_dim=4, out_visual_dim=4, in_text_dim=16, in_text_dim2=8,
+       time_dim=16, patch_size=(1, 2, 2), model_dim=32, ff_dim=64, num_text_blocks=1, num_visual_blocks=2,
+       axes_dims=(4, 6, 6), in_audio_dim=4, out_audio_dim=4, text_token_padding=True, ca_rope=True, cross_gates=True,
+       fix_modulation=True)
+def _kandinsky6(g, b, s=8):
+    return dict(hidden_states=_r(g, b, 2, 8, 8, 9), encoder_hidden_states=_r(g, b, s, 16),
+                pooled_projections=_r(g, b, 8), timestep=_t(g, b), audio_hidden_states=_r(g, b, 12, 4),
+                encoder_attention_mask=torch.ones(b, s, dtype=torch.bool))
+
+
+# NABLA attention groups 8x8 token tiles: a 1 x 8 x 8 token grid is the smallest
+@_spec("Kandinsky6SRTransformer3DModel", in_visual_dim=4, out_visual_dim=16, time_dim=16, patch_size=(1, 1, 1),
+       model_dim=32, ff_dim=64, num_visual_blocks=2, axes_dims=(4, 6, 6))
+def _kandinsky6_sr(g, b):
+    return dict(hidden_states=_r(g, b, 1, 8, 8, 9), timestep=_t(g, b))
+
+
+@_spec("LongCatImageTransformer2DModel", patch_size=1, in_channels=4, num_layers=1, num_single_layers=1,
+       attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32,
+       axes_dims_rope=[4, 4, 8])
+def _longcat_image(g, b):
+    return dict(hidden_states=_r(g, b, 16, 4), encoder_hidden_states=_r(g, b, 8, 32),
+                timestep=torch.rand(b, generator=g), img_ids=_grid_ids(4, 4), txt_ids=torch.zeros(8, 3),
+                guidance=torch.rand(b, generator=g) * 4)
+
+
+# partial rotary as the default config (rotary_dim 32 of head 64): 8 of 16 here
+@_spec("MiniMaxMusic3Transformer1DModel", in_channels=8, condition_dim=16, num_layers=2, num_attention_heads=2,
+       attention_head_dim=16, ff_inner_dim=32, rotary_dim=8, fourier_embedding_dim=8)
+def _minimax_music3(g, b, n=24):
+    return dict(hidden_states=_r(g, b, 8, n), timestep=torch.rand(b, generator=g),
+                encoder_hidden_states=_r(g, b, n, 16))
+
+
+@_spec("MotifVideoTransformer3DModel", in_channels=9, out_channels=4, num_attention_heads=2, attention_head_dim=12,
+       num_layers=1, num_single_layers=1, num_decoder_layers=1, mlp_ratio=2.0, patch_size=1, patch_size_t=1,
+       qk_norm="rms_norm", text_embed_dim=16, image_embed_dim=4, rope_theta=256.0, rope_axes_dim=(4, 4, 4))
+def _motif_video(g, b):
+    return dict(hidden_states=_r(g, b, 9, 2, 4, 4), encoder_hidden_states=_r(g, b, 8, 16), timestep=_t(g, b),
+                encoder_attention_mask=torch.ones(b, 8, dtype=torch.bool), image_embeds=_r(g, b, 4, 4))
+
+
+@_spec("OvisImageTransformer2DModel", patch_size=1, in_channels=4, out_channels=4, num_layers=1, num_single_layers=1,
+       attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=(4, 4, 8))
+def _ovis_image(g, b):
+    return dict(hidden_states=_r(g, b, 16, 4), encoder_hidden_states=_r(g, b, 8, 32),
+                timestep=torch.rand(b, generator=g), img_ids=_grid_ids(4, 4), txt_ids=torch.zeros(8, 3))
+
+
+@_spec("PRXTransformer2DModel", in_channels=4, patch_size=2, context_in_dim=16, hidden_size=32, mlp_ratio=2.0,
+       num_heads=2, depth=2, axes_dim=[8, 8])
+def _prx(g, b):
+    return dict(hidden_states=_r(g, b, 4, 8, 8), timestep=torch.rand(b, generator=g),
+                encoder_hidden_states=_r(g, b, 8, 16), attention_mask=torch.ones(b, 8, dtype=torch.bool))
+
+
+# a condition image (1 x 2 x 2 latent tokens: one vision-language slot amid the text) and the target (1 x 4 x 4: four
+# slots at the end); block-causal prefill of the joint sequence (the default processor), t=0 rows for the prefix
+@_spec("QwenImage21Transformer2DModel", patch_size=1, in_channels=16, out_channels=16, num_layers=2,
+       attention_head_dim=16, num_attention_heads=2, context_in_dim=16, axes_dims_rope=(4, 6, 6))
+def _qwenimage21(g, b):
+    img_mask = torch.tensor([False] * 4 + [True] + [False] * 4 + [True] * 4)
+    return dict(hidden_states=_r(g, b, 4 + 16, 16), encoder_hidden_states=_r(g, b, 9, 16),
+                timestep=torch.rand(b, generator=g), img_shapes=[[(1, 2, 2), (1, 4, 4)]] * b,
+                img_mask=img_mask[None].repeat(b, 1), encoder_hidden_states_mask=torch.ones(b, 9, dtype=torch.bool))
+
+
+@_spec("SanaVideoTransformer3DModel", in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=12,
+       num_layers=2, num_cross_attention_heads=2, cross_attention_head_dim=12, cross_attention_dim=24,
+       caption_channels=16, sample_size=8, patch_size=(1, 2, 2), rope_max_seq_len=32)
+def _sana_video(g, b):
+    return dict(hidden_states=_r(g, b, 4, 2, 8, 8), encoder_hidden_states=_r(g, b, 8, 16), timestep=_t(g, b),
+                encoder_attention_mask=torch.ones(b, 8))
+
+
+# block 0 a gated-delta-net linear-attention block, block 1 softmax attention (every softmax_every_n-th); camera
+# control as the pipeline passes it (a raymap per latent frame and chunked Plücker maps, from a small random
+# trajectory through the pipeline's own prepare_camera); per-frame timesteps (B, 1, F)
+@_spec("SanaWMTransformer3DModel", in_channels=4, num_layers=2, hidden_size=32, num_attention_heads=2,
+       softmax_every_n=2, linear_head_dim=16, caption_channels=16, chunk_plucker_channels=24,
+       chunk_plucker_post_attn_blocks=2, image_size=64)
+def _sana_wm(g, b, f=5):
+    from diffusers.pipelines.sana_wm.cam_utils import prepare_camera
+
+    c2w = torch.eye(4).repeat(f, 1, 1)
+    c2w[:, :3, 3] = _r(g, f, 3, scale=0.1)
+    intrinsics = torch.tensor([[64.0, 64.0, 32.0, 32.0]]).repeat(f, 1)
+    cam = prepare_camera(c2w.numpy(), intrinsics.numpy(), target_size=(64, 64), vae_stride=(4, 8, 8))
+    return dict(hidden_states=_r(g, b, 4, 2, 8, 8), timestep=_t(g, b * 2).reshape(b, 1, 2),
+                encoder_hidden_states=_r(g, b, 8, 16), encoder_attention_mask=torch.ones(b, 8),
+                camera_conditions=cam["raymap"][None].repeat(b, 1, 1),
+                chunk_plucker=cam["chunk_plucker"][None].repeat(b, 1, 1, 1, 1))
+
+
+_SANA_WM_REFINER = dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8,
+                        cross_attention_dim=16, audio_in_channels=4, audio_out_channels=4, audio_num_attention_heads=2,
+                        audio_attention_head_dim=4, audio_cross_attention_dim=8, num_layers=2, caption_channels=16)
+
+
+# one AR block of the video-only refiner without a KV cache (plain self-attention over the block); the RoPE the
+# pipeline passes comes from the model's build_rotary_emb_for_absolute_positions, rebuilt here on a rope module of
+# the same config (the method reads only ``self.rope``)
+@_spec("SanaWMLTX2RefinerTransformer3DModel", **_SANA_WM_REFINER)
+def _sana_wm_refiner(g, b, f=2, h=4, w=4):
+    from types import SimpleNamespace
+
+    from diffusers import SanaWMLTX2RefinerTransformer3DModel as Refiner
+    from diffusers.models.transformers.transformer_sana_wm_refiner import SanaWMLTX2AudioVideoRotaryPosEmbed
+
+    c = _SANA_WM_REFINER
+    rope = SanaWMLTX2AudioVideoRotaryPosEmbed(
+        dim=c["num_attention_heads"] * c["attention_head_dim"], patch_size=1, patch_size_t=1, base_num_frames=20,
+        base_height=2048, base_width=2048, scale_factors=(8, 32, 32), theta=10000.0, causal_offset=1,
+        modality="video", double_precision=True, rope_type="interleaved", num_attention_heads=c["num_attention_heads"])
+    cos, sin = Refiner.build_rotary_emb_for_absolute_positions(SimpleNamespace(rope=rope), b, list(range(3, 3 + f)), h,
+                                                               w, torch.device("cpu"), fps=24.0)
+    return dict(hidden_states=_r(g, b, f * h * w, 4), encoder_hidden_states=_r(g, b, 8, 16),
+                timestep=_t(g, b)[:, None].expand(b, f * h * w).contiguous(), video_rotary_emb=(cos, sin),
+                encoder_attention_mask=torch.ones(b, 8))
+
+
+# T = 2 latent frames (+1 reference frame) and a 5-frame 16 x 16 face video: the face encoder's two stride-2 causal
+# convolutions give 2 motion frames (+1 zero pad) = T + 1, one per latent frame, as in the pipeline (77 -> 21)
+@_spec("WanAnimateTransformer3DModel", **dict(_WAN, in_channels=12, latent_channels=4, image_dim=16,
+                                              motion_encoder_channel_sizes={"4": 16, "8": 16, "16": 16},
+                                              motion_encoder_size=16, motion_style_dim=8, motion_dim=4,
+                                              motion_encoder_dim=16, face_encoder_hidden_dim=16,
+                                              face_encoder_num_heads=2, inject_face_latents_blocks=2))
+def _wan_animate(g, b, t=2):
+    return dict(hidden_states=_r(g, b, 12, t + 1, 8, 8), timestep=_t(g, b), encoder_hidden_states=_r(g, b, 12, 16),
+                encoder_hidden_states_image=_r(g, b, 8, 16), pose_hidden_states=_r(g, b, 4, t, 8, 8),
+                face_pixel_values=_r(g, b, 3, 5, 16, 16))
+
+
+# one denoising step (kv_cache_mode="cached", the pass the pipeline repeats) of a 5-frame 32 x 32 segment: 3 latent
+# frames of 2 x 2 patches attend, through the flex BlockMask, to each other and to 2 cached reference frames. The
+# cache holds the reference pass's pre-RoPE K/V ((B, 8, heads, head_dim)); here they are seeded random tensors in
+# a fresh cache per call of ``inputs`` (what the model reads from them is all it needs). CLIP features are 1280-wide
+# (MLPProj hard-codes the CLIP width). The first forward in a process builds the BlockMask with
+# ``create_block_mask(_compile=True)`` (seconds, once per process); every later call runs in ~20 ms.
+@_spec("WanAnimate2Transformer3DModel", patch_size=(1, 2, 2), text_len=16, in_dim=12, dim=32, ffn_dim=64, freq_dim=64,
+       text_dim=16, out_dim=4, num_heads=2, num_layers=2)
+def _wan_animate2(g, b, ref=2, gen=3, h=4, w=4, heads=2, head_dim=16, layers=2):
+    from diffusers.models.transformers.transformer_wan_animate_2 import WanAnimate2KVCache
+
+    cache = WanAnimate2KVCache(layers)
+    for layer in cache.layer_caches:
+        layer.store(_r(g, b, ref * h * w // 4, heads, head_dim), _r(g, b, ref * h * w // 4, heads, head_dim))
+    return dict(hidden_states=[_r(g, 4, gen, h, w) for _ in range(b)], timestep=_t(g, b),
+                encoder_hidden_states=[_r(g, 8, 16) for _ in range(b)],
+                condition_latents=[_r(g, 8, gen, h, w) for _ in range(b)],
+                encoder_hidden_states_image=_r(g, b, 4, 1280),
+                kv_cache=cache, kv_cache_mode="cached", seq_len=gen * h * w // 4,
+                reference_grid_sizes=torch.tensor([[ref, h // 2, w // 2]] * b), origin_len=5, origin_area=[32, 32])
+
 # ---------------------------------------------------------------------------------------------------------
 
 
@@ -596,15 +801,18 @@ def _is_norm(module: torch.nn.Module) -> bool:
 
 
 @torch.no_grad()
-def randomize_weights(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Redraws, from a generator seeded with ``seed``, every parameter of a norm (or named *norm*) and every
+def randomize_weights(model: torch.nn.Module, seed: int = 0, empty: tuple[str, ...] = ()) -> torch.nn.Module:
+    """Redraws, from a generator seeded with ``seed``, every parameter of a norm (or named *norm*), every
     parameter the model's init left constant (zero-initialised adaLN / gate / output projections, ones-filled
-    scales): weights around 1 (norm weights) or at the scale of a default Linear init, biases small."""
+    scales) and every parameter whose name ends with one of ``empty`` (left uninitialised by the init): weights
+    around 1 (norm weights) or at the scale of a default Linear init, biases small."""
     g = torch.Generator().manual_seed(20_000 + seed)
     norm_params = {id(p) for m in model.modules() if _is_norm(m) for p in m.parameters(recurse=False)}
     for name, p in model.named_parameters():
         if not p.is_floating_point() or p.numel() == 0:
             continue
+        if any(name.endswith(e) for e in empty):
+            p.zero_()  # uninitialised memory: drawn below as a weight at the Linear scale
         constant = bool((p == p.reshape(-1)[0]).all())
         is_norm = id(p) in norm_params or "norm" in name.lower()
         if not (is_norm or constant):
@@ -629,7 +837,7 @@ def build(name: str, dtype: torch.dtype = torch.float32, seed: int = 0) -> tuple
     cls_name, init, _, _ = _SPECS[name]
     torch.manual_seed(seed)
     model = getattr(diffusers, cls_name)(**init)
-    randomize_weights(model, seed)
+    randomize_weights(model, seed, _EMPTY_PARAMS.get(name, ()))
     model = model.eval().to(dtype)
     return model, inputs(name, dtype, seed)
 
