@@ -32,10 +32,14 @@ Rules (one count per site):
   * real forms: a *combine* node ``add``/``sub`` of two ``mul``s, ``x1 * f1 ± x2 * f2``, where ``x1`` and ``x2``
     are different nodes derived from the same source tensor through layout/select/slice/unbind/neg/stack/cat ops
     (``x`` and its rotation; or the even/odd halves), and ``f1``, ``f2`` are different tensors not derived from that
-    source (cos/sin, or HiDream's ``[..., 2, 2]`` rotation-matrix entries). Combines whose results meet in the same
-    assembly (stack / cat / slice_scatter / copy / layout ops downstream — Wan's and Mochi's even/odd halves written
-    into one output) are one application; the q and k applications never meet before attention.
+    source (cos/sin, or HiDream's ``[..., 2, 2]`` rotation-matrix entries). Combines of the same source tensor whose
+    results meet in the same assembly (stack / cat / slice_scatter / copy / layout ops downstream — Wan's and Mochi's
+    even/odd halves written into one output) are one application; the q and k applications never meet before
+    attention, and two rotated tensors concatenated later (Cosmos3's ``cat([k_und, k_gen])``) are two.
   * complex form: a complex ``mul`` one of whose operands is (through layout ops) a ``view_as_complex``.
+  * matrix-sum form (Kandinsky 5/6 ``apply_rotary``): ``sum(R * x.reshape(..., n, 1, 2), -1)`` — a ``sum`` over a
+    last dim of size 2 of a ``mul`` of a view of ``x`` ending in ``(1, 2)`` with a ``[..., 2, 2]`` tensor not
+    derived from ``x`` (a 2x2 rotation per pair).
 - **gelu** — a surviving ``aten.gelu(approximate="tanh")``, or a ``tanh`` of ``mul(√(2/π), add(x, mul(x³,
   0.044715)))`` (either operand order). ``gelu(approximate="none")`` (erf) and ``x * sigmoid(1.702 x)`` are not.
 - **mul_add** — ``a * b + c``: an ``add`` (no alpha) with a floating result, ``c + p`` in either order, where ``p``
@@ -334,6 +338,30 @@ def rope_combine(n, memo):
     return None
 
 
+def _combine_sources(c, memo) -> frozenset:
+    """The source tensors both rotated operands of a combine ``(n, m1, m2)`` derive from."""
+    _, m1, m2 = c
+    r1 = frozenset().union(*(roots(a, memo) for a in m1.args if isinstance(a, Node)))
+    r2 = frozenset().union(*(roots(a, memo) for a in m2.args if isinstance(a, Node)))
+    return r1 & r2
+
+
+def _matrix_sum(n, memo) -> bool:
+    """``sum(R * x.reshape(..., n, 1, 2), [-1])``: a 2x2 rotation matrix per pair, applied by a broadcast product."""
+    if op(n) != "sum" or len(n.args) < 2 or not last_dim(n.args[1], n.args[0]):
+        return False
+    m = n.args[0]
+    if op(m) != "mul" or len(m.args) != 2 or not all(isinstance(a, Node) for a in m.args):
+        return False
+    for xv, rv in (m.args, m.args[::-1]):
+        xs, rs = shape(xv), shape(rv)
+        if xs is None or rs is None or len(xs) < 3 or len(rs) < 2:
+            continue
+        if xs[-2:] == (1, 2) and rs[-2:] == (2, 2) and not (roots(rv, memo) & roots(xv, memo)):
+            return True
+    return False
+
+
 def rope_sites(graph, claimed):
     memo, combines = {}, []
     for n in graph.nodes:
@@ -341,22 +369,29 @@ def rope_sites(graph, claimed):
         if c is not None:
             combines.append(c)
             claimed.update(c)
-    # one application per group of combines whose results meet downstream
-    groups = []
+    # one application per group of combines of one source whose results meet downstream
+    groups = []  # [nodes reached, source roots]
     for c in combines:
         reach = set(forward_layout(c[0], ASSEMBLE))
-        merged = [g for g in groups if g & reach]
+        src = _combine_sources(c, memo)
+        merged = [g for g in groups if g[0] & reach and g[1] & src]
         for g in merged:
             groups.remove(g)
-            reach |= g
-        groups.append(reach)
+            reach |= g[0]
+            src |= g[1]
+        groups.append([reach, src])
+    matrix = 0
+    for n in graph.nodes:
+        if _matrix_sum(n, memo):
+            matrix += 1
+            claimed.add(n)
     complex_muls = 0
     for n in graph.nodes:
         if op(n) == "mul" and isinstance(val(n), torch.Tensor) and val(n).is_complex():
             if any(op(through(a)) == "view_as_complex" for a in n.args if isinstance(a, Node)):
                 complex_muls += 1
                 claimed.add(n)
-    return len(groups) + complex_muls
+    return len(groups) + complex_muls + matrix
 
 
 def gelu_sites(graph, claimed):

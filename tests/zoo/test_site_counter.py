@@ -96,6 +96,18 @@ def test_rope_forms():
     for form, width in ((chunk_cat, Dh), (sliced, Dh), (partial, Dh // 2)):
         c, s = torch.randn(S, width), torch.randn(S, width)
         assert sites(lambda: (form(q, c, s), form(k, c, s))) == only(rope=2), form.__name__
+    # Kandinsky's matrix-sum form: sum(R * x.reshape(..., n, 1, 2), -1) with a 2x2 rotation R per pair
+    R = torch.randn(S, Dh // 2, 2, 2)
+
+    def matrix_sum(x):
+        return (R * x.reshape(*x.shape[:-1], -1, 1, 2).float()).sum(dim=-1).reshape(*x.shape)
+    assert sites(lambda: (matrix_sum(q), matrix_sum(k))) == only(rope=2)
+    assert sites(lambda: (R * q.reshape(B, H, S, -1, 2, 1)).sum(dim=-1)) == only()  # (2, 1): not a pair product
+    # two rotated tensors concatenated afterwards (Cosmos3's k_und / k_gen) are two applications
+    def cat_of_two(x, y, c, s):
+        return torch.cat([chunk_cat(x, c, s), chunk_cat(y, c * 2, s * 2)], dim=2)
+    c, s = torch.randn(S, Dh), torch.randn(S, Dh)
+    assert sites(lambda: cat_of_two(q, k, c, s)) == only(rope=2)
     # lookalike: no rotation (the same x on both sides) is no RoPE; it is a plain mul_add (broadcast factor cos,
     # full-shape addend q * sin)
     assert sites(lambda: q * cos + q * sin) == only(mul_add=1)
