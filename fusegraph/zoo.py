@@ -459,7 +459,7 @@ _ANYFLOW = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=
 
 
 def _anyflow_inputs(g, b, f=2, h=8, w=8):
-    t = _t(g, b)[:, None].expand(b, f).contiguous()  # one (t, r) pair per frame, r < t
+    t = _t(g, b)[:, None].expand(b, f).contiguous()  # (B, F) timesteps, the target r below t per frame
     return dict(hidden_states=_r(g, b, f, 4, h, w), timestep=t, r_timestep=t * torch.rand(b, f, generator=g),
                 encoder_hidden_states=_r(g, b, 12, 16))
 
