@@ -491,13 +491,21 @@ def capture(fn, *args, **kwargs):
     from torch._dynamo.backends.common import aot_autograd
     from torch._inductor.decomposition import select_decomp_table
 
-    graphs = []
+    graphs, weights = [], []
 
     def record(gm, example_inputs):
+        gm.weight_inputs = weights.pop()
         graphs.append(gm)
         return gm.forward
 
-    backend = aot_autograd(fw_compiler=record, inference_compiler=record, decompositions=select_decomp_table())
+    aot = aot_autograd(fw_compiler=record, inference_compiler=record, decompositions=select_decomp_table())
+
+    def backend(gm, example_inputs):
+        # which graph inputs are the module's parameters / buffers (Dynamo inlines modules: they arrive as inputs)
+        sources = [getattr(n.meta.get("grapharg"), "source", None) for n in gm.graph.find_nodes(op="placeholder")]
+        weights.append([s is not None and ("._parameters[" in s.name or "._buffers[" in s.name) for s in sources])
+        return aot(gm, example_inputs)
+
     torch._dynamo.reset()
     with torch.no_grad():
         out = torch.compile(fn, backend=backend)(*args, **kwargs)
@@ -505,10 +513,34 @@ def capture(fn, *args, **kwargs):
     return graphs, out
 
 
-def count_sites(graphs) -> dict:
+def folded(gm) -> torch.fx.Graph:
+    """A copy of ``gm``'s graph as freezing leaves it: every value computed from the module's parameters and buffers
+    (``gm.weight_inputs``, from :func:`capture`) and constants alone is one input, as if computed at compile time (BriaFibo2's
+    RMSNorms of its learned latent queries are no sites on a route that freezes)."""
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    mask = getattr(gm, "weight_inputs", [])
+    const = {p for p, w in zip(placeholders, mask) if w} if len(mask) == len(placeholders) else set()
+    for n in gm.graph.nodes:
+        if n.op == "get_attr":
+            const.add(n)
+        elif n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and \
+                not n.target._schema.is_mutable and all(a in const for a in n.all_input_nodes):
+            const.add(n)
+    graph, env = torch.fx.Graph(), {}
+    for n in gm.graph.nodes:
+        if n in const and (n.op == "placeholder" or any(u not in const for u in n.users)):
+            env[n] = graph.placeholder(f"folded_{n.name}")
+            env[n].meta = dict(n.meta)
+        elif n not in const:
+            env[n] = graph.node_copy(n, lambda a: env[a])
+    return graph
+
+
+def count_sites(graphs, frozen: bool = False) -> dict:
+    """Sites per family over ``graphs`` (from :func:`capture`); ``frozen``: in the graphs as freezing folds them."""
     total = dict.fromkeys(FAMILIES, 0)
     for gm in graphs:
-        for k, v in count_graph(gm.graph).items():
+        for k, v in count_graph(folded(gm) if frozen else gm.graph).items():
             total[k] += v
     return total
 

@@ -19,7 +19,7 @@ from tests.zoo.test_zoo import ROUTES, tensors
 def row(name: str, route: str = "aten") -> dict:
     model, kw = zoo.build(name)
     graphs, _ = capture(model, **kw)
-    sites = count_sites(graphs)
+    sites = count_sites(graphs, frozen=route == "default")
     backend = Backend(CompilationConfig(**ROUTES[route]))
     torch._dynamo.reset()
     with torch.no_grad(), inductor_config.patch(fx_graph_cache=False):

@@ -154,3 +154,20 @@ def test_hand_counts(name):
     model, kw = zoo.build(name)
     graphs, _ = capture(model, **kw)
     assert count_sites(graphs) == only(**HAND[name])
+
+
+def test_frozen_counts_leave_out_sites_of_weights_alone():
+    """On a freezing route a norm of a parameter (BriaFibo2's learned latent queries) is computed at compile time:
+    no site. A norm of the input stays one, also when it reads the folded value."""
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.queries = torch.nn.Parameter(torch.randn(4, D))
+            self.norm = torch.nn.RMSNorm(D, eps=1e-6)
+
+        def forward(self, x):
+            return self.norm(self.queries) + self.norm(x)[:, :4]
+
+    graphs, _ = capture(M(), torch.randn(B, S, D))
+    assert count_sites(graphs) == only(rms_norm=2)
+    assert count_sites(graphs, frozen=True) == only(rms_norm=1)
