@@ -10,7 +10,7 @@ import torch
 from diffusers.models.embeddings import apply_rotary_emb, get_1d_rotary_pos_embed
 
 from tests.fusion.pattern_checks import assert_matches, assert_ops_gone, compile_and_run, double, fused
-from tests.references import wan_rope
+from tests.references import rope_ref, wan_rope
 
 DTYPES = [torch.float32, torch.bfloat16]
 ROPE_CHAIN = ("aten.neg.default", "aten.unbind.int", "aten.cat.default")
@@ -746,3 +746,344 @@ def test_mochi_rope_other_table_shapes():
     b, out, eager = compile_and_run(mochi_rope, x, cos, sin, inductor=False)
     assert fused(b, "rope") == 1
     assert_matches(out, eager, ref64=mochi_ref64(x, cos, sin))
+
+
+# --- rotate-half by slices / chunk + cat (Cosmos3, Ideogram4, LongCat-Audio) ------------------------------
+
+
+def cosmos3_rotate_half(x):
+    """Verbatim transformer_cosmos3._rotate_half (Ideogram4's is the same)."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def cosmos3_rope(q, k, cos, sin):
+    """Cosmos3PackedMoTAttnProcessor: q / k ``[N, H, D]`` (one packed sequence), tables ``[N, D]``
+    unsqueezed to ``[N, 1, D]``, math in x's dtype."""
+    cos = cos.unsqueeze(1)
+    sin = sin.unsqueeze(1)
+    q = q * cos + cosmos3_rotate_half(q) * sin
+    k = k * cos + cosmos3_rotate_half(k) * sin
+    return q, k
+
+
+def ideogram4_rope(query, key, cos, sin):
+    """Ideogram4AttnProcessor: ``[B, L, H, D]``, tables ``[B, L, D]`` unsqueezed at 2."""
+    cos = cos.unsqueeze(2)
+    sin = sin.unsqueeze(2)
+    query = (query * cos) + (cosmos3_rotate_half(query) * sin)
+    key = (key * cos) + (cosmos3_rotate_half(key) * sin)
+    return query, key
+
+
+def longcat_rotate_half(hidden_states):
+    """Verbatim transformer_longcat_audio_dit._rotate_half."""
+    first, second = hidden_states.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+def longcat_rope(hidden_states, cos, sin):
+    """transformer_longcat_audio_dit._apply_rotary_emb (its ``.to(device)`` no-ops dropped): tables ``[S, D]``."""
+    cos = cos[None, :, None]
+    sin = sin[None, :, None]
+    return (hidden_states.float() * cos + longcat_rotate_half(hidden_states).float() * sin).to(hidden_states.dtype)
+
+
+def half_ref64(x, cos, sin, rotary_dim=None):
+    """float64 rotate-half RoPE on x[..., :R] (R = the tables' width), the rest as it is."""
+    return rope_ref(x, cos, sin, False, rotary_dim=rotary_dim)
+
+
+ROUTES = [pytest.param(dict(inductor=False), id="aten"), pytest.param({}, id="default")]
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_cosmos3_rope_fuses(dtype, route, error_logs):
+    """Rank-3 x (no batch dim), tables in x's dtype (Cosmos3's rotary embedding returns them so; fp32 tables
+    with a bf16 x would give an fp32 result, see the lookalike test)."""
+    N, H, D = 7, 3, 16
+    q, k = torch.randn(N, H, D, dtype=dtype), torch.randn(N, H, D, dtype=dtype)
+    cos, sin = torch.randn(N, D, dtype=dtype), torch.randn(N, D, dtype=dtype)
+    b, out, eager = compile_and_run(cosmos3_rope, q, k, cos, sin, **route)
+    assert b.stats.patterns["rope"] == 2 and fused(b, "rope") == 2, b.stats.patterns
+    assert b.stats.patterns["mul_add"] == 0
+    assert_ops_gone(b, "aten.cat.default", "aten.neg.default")
+    refs = tuple(half_ref64(t, cos[:, None], sin[:, None]) for t in (q, k))
+    assert_matches(out, eager, scale=8.0, ref64=refs)
+    assert not error_logs, [r.getMessage() for r in error_logs]
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_ideogram4_rope_fuses(dtype, route, error_logs):
+    B, L, H, D = 2, 6, 2, 24
+    q, k = torch.randn(B, L, H, D, dtype=dtype), torch.randn(B, L, H, D, dtype=dtype)
+    cos, sin = torch.randn(B, L, D, dtype=dtype), torch.randn(B, L, D, dtype=dtype)
+    b, out, eager = compile_and_run(ideogram4_rope, q, k, cos, sin, **route)
+    assert b.stats.patterns["rope"] == 2 and fused(b, "rope") == 2, b.stats.patterns
+    assert_ops_gone(b, "aten.cat.default", "aten.neg.default")
+    refs = tuple(half_ref64(t, cos[:, :, None], sin[:, :, None]) for t in (q, k))
+    assert_matches(out, eager, scale=8.0, ref64=refs)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("tables_dtype", ["fp32", "x"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_longcat_audio_rope_fuses(dtype, tables_dtype, route, error_logs):
+    """Tables ``[S, D]`` (LongCat-Audio's rotary embedding casts them to x's dtype; fp32 works too)."""
+    B, S, H, D = 2, 9, 2, 16
+    x = torch.randn(B, S, H, D, dtype=dtype)
+    cos, sin = torch.randn(S, D), torch.randn(S, D)
+    if tables_dtype == "x":
+        cos, sin = cos.to(dtype), sin.to(dtype)
+    b, out, eager = compile_and_run(longcat_rope, x, cos, sin, **route)
+    assert b.stats.patterns["rope"] == 1 and fused(b, "rope") == 1, b.stats.patterns
+    assert_ops_gone(b, "aten.cat.default", "aten.neg.default")
+    assert_matches(out, eager, scale=4.0, ref64=half_ref64(x, cos[None, :, None], sin[None, :, None]))
+    assert not error_logs, [r.getMessage() for r in error_logs]
+
+
+def test_rotate_half_sources_are_the_op():
+    """The copies above are diffusers' functions (the module's own, where importable) and the op's math."""
+    from diffusers.models.transformers import transformer_cosmos3, transformer_ideogram4, transformer_longcat_audio_dit
+
+    x = torch.randn(2, 5, 3, 12)
+    for fn in (transformer_cosmos3._rotate_half, transformer_ideogram4._rotate_half,
+               transformer_longcat_audio_dit._rotate_half):
+        torch.testing.assert_close(fn(x), cosmos3_rotate_half(x), rtol=0, atol=0)
+    cos, sin = torch.randn(5, 12), torch.randn(5, 12)
+    torch.testing.assert_close(transformer_longcat_audio_dit._apply_rotary_emb(x, (cos, sin)),
+                               longcat_rope(x, cos, sin), rtol=0, atol=0)
+
+
+def lookalike_half_wrong_order(x, cos, sin):
+    """``cat((x2, -x1))``: the inverse rotation's sign placement."""
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((second, -first), dim=-1) * sin
+
+
+def lookalike_half_slice_from_1(x, cos, sin):
+    """The second half read from one element later (``x[..., h + 1:]`` padded back): not rotate-half."""
+    half = x.shape[-1] // 2
+    second = torch.cat((x[..., half + 1 :], x[..., :1]), dim=-1)
+    return x * cos + torch.cat((-second, x[..., :half]), dim=-1) * sin
+
+
+def lookalike_half_no_neg(x, cos, sin):
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def lookalike_half_tables_swapped(x, cos, sin):
+    return x * sin + cosmos3_rotate_half(x) * cos * 2
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("fn", [lookalike_half_wrong_order, lookalike_half_slice_from_1, lookalike_half_no_neg,
+                                lookalike_half_tables_swapped])
+def test_rotate_half_lookalikes_stay_unfused(fn, route, error_logs):
+    x = torch.randn(2, 5, 2, 8)
+    cos, sin = torch.randn(1, 5, 1, 8), torch.randn(1, 5, 1, 8)
+    b, out, eager = compile_and_run(fn, x, cos, sin, **route)
+    assert b.stats.patterns["rope"] == 0 and fused(b, "rope") == 0
+    assert_matches(out, eager)
+    assert not error_logs, [r.getMessage() for r in error_logs]
+
+
+def test_rotate_half_without_casts_and_fp32_tables_stays_unfused():
+    """bf16 x times fp32 tables with no cast back: the result is fp32, which the op (x's dtype) does not give."""
+    x = torch.randn(2, 5, 2, 8, dtype=torch.bfloat16)
+    cos, sin = torch.randn(1, 5, 1, 8), torch.randn(1, 5, 1, 8)
+    b, out, eager = compile_and_run(lambda x, c, s: x * c + cosmos3_rotate_half(x) * s, x, cos, sin, inductor=False)
+    assert fused(b, "rope") == 0 and out.dtype == torch.float32
+    torch.testing.assert_close(out, eager)
+
+
+# --- partial rotary (MiniMax-H3, MiniMax-Music3, Ernie-Image, Stable Audio 3) -----------------------------
+
+
+def minimax_h3_rope(hidden_states, cos, sin):
+    """Verbatim transformer_minimax_h3._apply_rotary_emb: tables ``[S, R]``, the first R channels rotated."""
+    rotary_dim = cos.shape[-1]
+    hidden_states_rotary = hidden_states[..., :rotary_dim]
+    hidden_states_pass = hidden_states[..., rotary_dim:]
+
+    cos = cos.to(hidden_states.dtype)[None, :, None, :]
+    sin = sin.to(hidden_states.dtype)[None, :, None, :]
+    x1, x2 = hidden_states_rotary.chunk(2, dim=-1)
+    hidden_states_rotated = torch.cat((-x2, x1), dim=-1)
+    hidden_states_rotary = hidden_states_rotary * cos + hidden_states_rotated * sin
+    return torch.cat((hidden_states_rotary, hidden_states_pass), dim=-1).contiguous()
+
+
+def minimax_music3_rope(hidden_states, rotary_emb):
+    """Verbatim transformer_minimax_music3._apply_partial_rotary_emb: tables ``[S, R]`` -> ``[S, 1, R]``."""
+    cos, sin = rotary_emb
+    rotary_dim = cos.shape[-1]
+    cos = cos[:, None, :].to(hidden_states.dtype)
+    sin = sin[:, None, :].to(hidden_states.dtype)
+    rotated = hidden_states[..., :rotary_dim]
+    half_first, half_second = rotated.chunk(2, dim=-1)
+    rotate_half = torch.cat((-half_second, half_first), dim=-1)
+    rotated = rotated * cos + rotate_half * sin
+    return torch.cat((rotated, hidden_states[..., rotary_dim:]), dim=-1)
+
+
+def ernie_rope(x_in, freqs_cis):
+    """Verbatim the nested apply_rotary_emb of ErnieImageAttnProcessor: angles ``[B, S, 1, R]``, cos / sin of
+    them in x's dtype inside."""
+    rot_dim = freqs_cis.shape[-1]
+    x, x_pass = x_in[..., :rot_dim], x_in[..., rot_dim:]
+    cos_ = torch.cos(freqs_cis).to(x.dtype)
+    sin_ = torch.sin(freqs_cis).to(x.dtype)
+    # Non-interleaved rotate_half: [-x2, x1]
+    x1, x2 = x.chunk(2, dim=-1)
+    x_rotated = torch.cat((-x2, x1), dim=-1)
+    return torch.cat((x * cos_ + x_rotated * sin_, x_pass), dim=-1)
+
+
+def stable_audio3_rotate_half(x):
+    """Verbatim transformer_stable_audio3._rotate_half."""
+    x = x.unflatten(-1, (2, -1))
+    x1, x2 = x.unbind(-2)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def stable_audio3_rope(t, freqs):
+    """Verbatim transformer_stable_audio3._apply_rotary_partial: angles ``[S_max, R]``, fp32 math."""
+    rot_dim = freqs.shape[-1]
+    out_dtype = t.dtype
+    t_rot, t_pass = t[..., :rot_dim], t[..., rot_dim:]
+    t_rot = t_rot.float()
+    freqs = freqs[-t_rot.shape[-3] :].float().unsqueeze(1)  # (seq_len, 1, rot_dim) broadcasts over heads
+    t_rot = t_rot * freqs.cos() + stable_audio3_rotate_half(t_rot) * freqs.sin()
+    return torch.cat((t_rot.to(out_dtype), t_pass), dim=-1)
+
+
+def qk(fn):
+    def both(q, k, *tables):
+        return fn(q, *tables), fn(k, *tables)
+    both.__name__ = fn.__name__ + "_qk"
+    return both
+
+
+def partial_case(name, dtype, D, R):
+    """(function of q, k, tables; inputs; float64 references) for one source form."""
+    B, S, H = 2, 7, 3
+    q, k = torch.randn(B, S, H, D, dtype=dtype), torch.randn(B, S, H, D, dtype=dtype)
+    if name == "minimax_h3":
+        cos, sin = torch.randn(S, R), torch.randn(S, R)
+        c, s = cos.to(dtype)[None, :, None], sin.to(dtype)[None, :, None]
+        return qk(minimax_h3_rope), (q, k, cos, sin), c, s
+    if name == "minimax_music3":
+        cos, sin = torch.randn(S, R), torch.randn(S, R)
+        c, s = cos.to(dtype)[:, None], sin.to(dtype)[:, None]
+        return qk(lambda x, c_, s_: minimax_music3_rope(x, (c_, s_))), (q, k, cos, sin), c, s
+    if name == "ernie":
+        freqs = torch.rand(B, S, 1, R) * 6
+        return qk(ernie_rope), (q, k, freqs), freqs.cos().to(dtype), freqs.sin().to(dtype)
+    freqs = torch.rand(S + 3, R) * 6  # stable_audio3
+    f = freqs[-S:].unsqueeze(1)
+    return qk(stable_audio3_rope), (q, k, freqs), f.cos(), f.sin()
+
+
+PARTIAL_SOURCES = ["minimax_h3", "minimax_music3", "ernie", "stable_audio3"]
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("D,R", [(16, 8), (20, 12), (16, 16)], ids=["R=D/2", "R=12_of_20", "R=D"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", PARTIAL_SOURCES)
+def test_partial_rotary_fuses(name, dtype, D, R, route, error_logs):
+    """Each source's function on q and k: one fusegraph.rope(..., rotary_dim=R) each, also with R = D (Ernie's
+    tables are as wide as the head: an empty pass-through)."""
+    fn, inputs, cos, sin = partial_case(name, dtype, D, R)
+    b, out, eager = compile_and_run(fn, *inputs, **route)
+    assert b.stats.patterns["rope"] == 2 and fused(b, "rope") == 2, b.stats.patterns
+    assert b.stats.patterns["mul_add"] == 0
+    assert_ops_gone(b, "aten.neg.default")
+    refs = tuple(half_ref64(t, cos, sin, rotary_dim=R) for t in inputs[:2])
+    assert_matches(out, eager, scale=8.0, ref64=refs)
+    assert not error_logs, [r.getMessage() for r in error_logs]
+
+
+def test_partial_sources_are_diffusers():
+    """The copies above are diffusers' functions."""
+    from diffusers.models.transformers import transformer_minimax_h3, transformer_minimax_music3, transformer_stable_audio3
+
+    x = torch.randn(2, 5, 3, 20)
+    cos, sin = torch.randn(5, 12), torch.randn(5, 12)
+    torch.testing.assert_close(minimax_h3_rope(x, cos, sin), transformer_minimax_h3._apply_rotary_emb(x, cos, sin),
+                               rtol=0, atol=0)
+    torch.testing.assert_close(minimax_music3_rope(x, (cos, sin)),
+                               transformer_minimax_music3._apply_partial_rotary_emb(x, (cos, sin)), rtol=0, atol=0)
+    freqs = torch.rand(8, 12)
+    torch.testing.assert_close(stable_audio3_rope(x, freqs), transformer_stable_audio3._apply_rotary_partial(x, freqs),
+                               rtol=0, atol=0)
+
+
+def lookalike_partial_wrong_order(x, cos, sin):
+    """``cat((x2, -x1))`` on the rotated part."""
+    r = cos.shape[-1]
+    x_rot, x_pass = x[..., :r], x[..., r:]
+    x1, x2 = x_rot.chunk(2, dim=-1)
+    return torch.cat((x_rot * cos + torch.cat((x2, -x1), dim=-1) * sin, x_pass), dim=-1)
+
+
+def lookalike_partial_pass_not_the_rest(x, cos, sin):
+    """The pass-through skips a channel and repeats the last one: not ``x[..., R:]``."""
+    r = cos.shape[-1]
+    x_rot, x_pass = x[..., :r], x[..., r + 1 :]
+    x1, x2 = x_rot.chunk(2, dim=-1)
+    return torch.cat((x_rot * cos + torch.cat((-x2, x1), dim=-1) * sin, x_pass, x[..., -1:]), dim=-1)
+
+
+def lookalike_partial_pass_other_tensor(x, cos, sin, other):
+    r = cos.shape[-1]
+    x_rot = x[..., :r]
+    x1, x2 = x_rot.chunk(2, dim=-1)
+    return torch.cat((x_rot * cos + torch.cat((-x2, x1), dim=-1) * sin, other[..., r:]), dim=-1)
+
+
+def lookalike_partial_from_the_end(x, cos, sin):
+    """The rotated part is the last R channels, passed-through first."""
+    r = cos.shape[-1]
+    x_rot, x_pass = x[..., -r:], x[..., :-r]
+    x1, x2 = x_rot.chunk(2, dim=-1)
+    return torch.cat((x_pass, x_rot * cos + torch.cat((-x2, x1), dim=-1) * sin), dim=-1)
+
+
+def lookalike_partial_rotated_from_1(x, cos, sin):
+    """The rotated part starts one channel in (``x[..., 1:R + 1]``), the pass-through keeps the rest."""
+    r = cos.shape[-1]
+    x_rot, x_pass = x[..., 1 : r + 1], torch.cat((x[..., :1], x[..., r + 1 :]), dim=-1)
+    x1, x2 = x_rot.chunk(2, dim=-1)
+    return torch.cat((x_rot * cos + torch.cat((-x2, x1), dim=-1) * sin, x_pass), dim=-1)
+
+
+def lookalike_partial_mismatched_widths(x, cos, sin):
+    """Rotated part R wide (the tables' width), pass-through from R + 2: channels R, R + 1 dropped."""
+    r = cos.shape[-1]
+    x_rot, x_pass = x[..., :r], x[..., r + 2 :]
+    x1, x2 = x_rot.chunk(2, dim=-1)
+    return torch.cat((x_rot * cos + torch.cat((-x2, x1), dim=-1) * sin, x_pass), dim=-1)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("fn", [lookalike_partial_wrong_order, lookalike_partial_pass_not_the_rest,
+                                lookalike_partial_pass_other_tensor, lookalike_partial_from_the_end,
+                                lookalike_partial_rotated_from_1, lookalike_partial_mismatched_widths])
+def test_partial_lookalikes_stay_unfused(fn, route, error_logs):
+    """None of these may become rope(rotary_dim=R). Where the inner ``x_rot * cos + rot(x_rot) * sin`` is a
+    correct rotate-half of a slice, the full-width form may fuse that part alone (the output stays right)."""
+    x = torch.randn(2, 5, 2, 16)
+    cos, sin = torch.randn(1, 5, 1, 8), torch.randn(1, 5, 1, 8)
+    args = (x, cos, sin, torch.randn(2, 5, 2, 16)) if fn is lookalike_partial_pass_other_tensor else (x, cos, sin)
+    b, out, eager = compile_and_run(fn, *args, **route)
+    assert b.stats.patterns["rope"] == fused(b, "rope")
+    assert b.all_ops["aten.cat.default"] >= 1  # the pass-through's cat: no rope(rotary_dim=R) took it
+    if fn is lookalike_partial_wrong_order:
+        assert fused(b, "rope") == 0
+    assert_matches(out, eager)
+    assert not error_logs, [r.getMessage() for r in error_logs]

@@ -172,15 +172,80 @@ def _ltx2_split_heads(x, cos, sin):
     return out.swapaxes(1, 2)
 
 
+def _rotate_half_slices(x):
+    """Cosmos3's and Ideogram4's ``_rotate_half``: ``cat((-x[..., h:], x[..., :h]), -1)``, ``h = D // 2``."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _rotate_half_chunk(x):
+    """LongCat-Audio's ``_rotate_half`` and the inline rotations of MiniMax-H3, MiniMax-Music3 and Ernie:
+    ``first, second = x.chunk(2, -1)``, ``cat((-second, first), -1)``."""
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+def _rotate_half_unflatten(x):
+    """Stable Audio 3's ``_rotate_half``: ``x.unflatten(-1, (2, -1)).unbind(-2)``, ``cat((-x2, x1), -1)``."""
+    x1, x2 = x.unflatten(-1, (2, -1)).unbind(-2)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _half_slices(x, cos, sin):
+    """Cosmos3 (x ``[N, H, D]``, cos ``[N, 1, D]``) and Ideogram4 (x ``[B, L, H, D]``, cos ``[B, L, 1, D]``):
+    ``x * cos + _rotate_half(x) * sin`` in x's dtype, no casts (the tables in x's dtype; fp32 tables with a
+    bf16 / fp16 x would make the result fp32, which the op does not give: refused by the output dtype check)."""
+    return x * cos + _rotate_half_slices(x) * sin
+
+
+def _half_chunk(x, cos, sin):
+    """The chunk rotation of :func:`_half_slices` (in x's dtype, no casts)."""
+    return x * cos + _rotate_half_chunk(x) * sin
+
+
+def _half_chunk_cast(x, cos, sin):
+    """LongCat-Audio's ``_apply_rotary_emb``: ``(x.float() * cos + _rotate_half(x).float() * sin).to(x.dtype)``
+    with the chunk rotation (cos ``[1, S, 1, D]``)."""
+    return (x.float() * cos + _rotate_half_chunk(x).float() * sin).to(x.dtype)
+
+
+def _half_slices_cast(x, cos, sin):
+    """:func:`_half_chunk_cast` with the slice rotation."""
+    return (x.float() * cos + _rotate_half_slices(x).float() * sin).to(x.dtype)
+
+
+def _partial_chunk(x, cos, sin):
+    """Partial rotary, rotate-half by ``chunk`` on the first ``R = cos.shape[-1]`` channels, the rest passed
+    through, math in x's dtype: MiniMax-H3's ``_apply_rotary_emb`` (tables ``.to(x.dtype)[None, :, None, :]``,
+    a final ``.contiguous()`` that is no node), MiniMax-Music3's ``_apply_partial_rotary_emb`` (``[S, 1, R]``)
+    and Ernie-Image's nested ``apply_rotary_emb`` (``cos(freqs).to(x.dtype)``: the pattern starts at the
+    tables, so the ``cos`` / ``sin`` of the angles stay outside it)."""
+    r = cos.shape[-1]
+    x_rot, x_pass = x[..., :r], x[..., r:]
+    return torch.cat((x_rot * cos + _rotate_half_chunk(x_rot) * sin, x_pass), dim=-1)
+
+
+def _partial_unflatten_cast(x, cos, sin):
+    """Stable Audio 3's ``_apply_rotary_partial``: ``t_rot = t[..., :R].float()``, ``t_rot * cos +
+    _rotate_half(t_rot) * sin`` (``cos = freqs.cos()`` ``[S, 1, R]``, fp32), ``cat((t_rot.to(t.dtype),
+    t[..., R:]), -1)``."""
+    r = cos.shape[-1]
+    x_rot, x_pass = x[..., :r], x[..., r:]
+    x_rot = x_rot.float()
+    x_rot = x_rot * cos + _rotate_half_unflatten(x_rot) * sin
+    return torch.cat((x_rot.to(x.dtype), x_pass), dim=-1)
+
+
 # ---- replacements ------------------------------------------------------------------------------------
 
 
-def _rope(x, cos, sin, interleaved):
-    """The op on rank-4 x; a rank-3 ``[B, S, C]`` x (LTX) gets a leading 1 (a view; right-aligned cos/sin
-    broadcast as before)."""
+def _rope(x, cos, sin, interleaved, rotary_dim=None):
+    """The op on rank-4 x; a rank-3 x (LTX's ``[B, S, C]``, Cosmos3's ``[N, H, D]``) gets a leading 1 (a view;
+    right-aligned cos/sin broadcast as before)."""
     if x.dim() == 3:
-        return torch.ops.fusegraph.rope(x.unsqueeze(0), cos, sin, interleaved=interleaved).squeeze(0)
-    return torch.ops.fusegraph.rope(x, cos, sin, interleaved=interleaved)
+        return torch.ops.fusegraph.rope(x.unsqueeze(0), cos, sin, interleaved=interleaved,
+                                        rotary_dim=rotary_dim).squeeze(0)
+    return torch.ops.fusegraph.rope(x, cos, sin, interleaved=interleaved, rotary_dim=rotary_dim)
 
 
 def _fused_interleaved(x, cos, sin):
@@ -189,6 +254,11 @@ def _fused_interleaved(x, cos, sin):
 
 def _fused_half(x, cos, sin):
     return _rope(x, cos, sin, False)
+
+
+def _fused_partial_half(x, cos, sin):
+    """Rotate-half on ``x[..., :R]`` (R = the tables' width), the rest copied: the op's ``rotary_dim``."""
+    return _rope(x, cos, sin, False, rotary_dim=cos.shape[-1])
 
 
 def _pairwise(t):
@@ -321,9 +391,12 @@ def _split_heads_tables(match: Match):
     return _split_tables(match)
 
 
-def _supported(match: Match, rank: int, tables=_real_tables) -> bool:
+def _supported(match: Match, rank: int, tables=_real_tables, partial: bool = False) -> bool:
     """What the fused kernel takes: float x of the rank the pattern was traced at, D even; cos/sin of one
-    shape and dtype (fp32 or x's dtype), last dim D, broadcastable to x without changing x's shape.
+    shape and dtype (fp32 or x's dtype), last dim D, broadcastable to x without changing x's shape; the
+    matched result in x's dtype (the op's output dtype: a form without casts, ``x * cos + rot(x) * sin`` with
+    fp32 tables and a bf16 x, gives fp32). ``partial`` (rotary_dim forms): the tables' last dim R is the
+    rotated width, even and at most D (D itself may be odd), and they broadcast to ``x[..., :R]``.
 
     Runs before the matcher re-traces the search form on the matched shapes: a form traced at rank 4 would
     fail that trace on a rank-3 x, and the failed trace logs error-level tracebacks; a refusal here is silent."""
@@ -331,14 +404,23 @@ def _supported(match: Match, rank: int, tables=_real_tables) -> bool:
     if not _tensors(x) or tables is None:
         return False
     shape, dtype, device = tables
-    if x.dtype not in _DTYPES or x.dim() != rank or x.shape[-1] % 2:
+    if x.dtype not in _DTYPES or x.dim() != rank:
         return False
     if dtype not in (torch.float32, x.dtype) or device != x.device or not 1 <= len(shape) <= rank:
         return False
-    if shape[-1] != x.shape[-1]:
+    out = match.output_node().meta.get("val")
+    if _tensors(out) and out.dtype != x.dtype:
         return False
+    width = x.shape[-1]
+    if partial:
+        if not 0 < shape[-1] <= width:
+            return False
+        width = shape[-1]
+    if width % 2 or shape[-1] != width:
+        return False
+    target = (*x.shape[:-1], width)
     try:
-        return tuple(torch.broadcast_shapes(x.shape, shape)) == tuple(x.shape)
+        return tuple(torch.broadcast_shapes(target, shape)) == target
     except RuntimeError:
         return False
 
@@ -452,11 +534,12 @@ def _entries(pm: PatternMatcherPass) -> set:
     return {id(e) for entries in pm.patterns.values() for e in entries}
 
 
-def _register(pm: PatternMatcherPass, trace_fn, search_fn, replace_fn, example_inputs, tables=_real_tables) -> None:
+def _register(pm: PatternMatcherPass, trace_fn, search_fn, replace_fn, example_inputs, tables=_real_tables,
+              partial: bool = False) -> None:
     """``register_replacement`` with :func:`_supported` (at the example x's rank) checked *before* the
     matcher's re-trace of ``search_fn`` on the matched shapes, not after it: forms of one structure at several
     ranks (and lookalikes of them) are refused silently instead of by a failed, logged trace."""
-    check = functools.partial(_supported, rank=example_inputs[0].dim(), tables=tables)
+    check = functools.partial(_supported, rank=example_inputs[0].dim(), tables=tables, partial=partial)
     before = _entries(pm)
     register_replacement(search_fn, replace_fn, example_inputs, trace_fn=trace_fn, pass_dicts=pm,
                          extra_check=check, skip_duplicates=True)
@@ -498,5 +581,17 @@ def register(pm: PatternMatcherPass, opts) -> None:
             reg(_hidream, _fused_hidream, [x, torch.empty(1, 5, 1, 8, 2, 2)], _hidream_tables)
             half = [torch.empty(2, 3, 5, 4) for _ in range(2)]  # [B, H, T, D/2] for x [B, T, H * D]
             reg(_ltx2_split, _fused_ltx2_split, [torch.empty(2, 5, 24, dtype=x_dtype), *half], _split_tables)
+            # rotate-half by slices / chunk + cat (Cosmos3 [N, H, D] with [N, 1, D] tables; Ideogram4,
+            # LongCat-Audio [B, S, H, D]); the cast forms only differ from the plain ones for bf16 / fp16 x
+            for xs, ts in ((x, (1, 5, 1, 16)), (torch.empty(5, 3, 16, dtype=x_dtype), (5, 1, 16))):
+                cs = [torch.empty(ts) for _ in range(2)]
+                for form in (_half_slices, _half_chunk, _half_slices_cast, _half_chunk_cast):
+                    reg(form, _fused_half, [xs, *cs])
+            # partial rotary: R = 8 of D = 16, and R = D (Ernie's tables are as wide as the head: the
+            # ``x[..., :D]`` slice is a no-op that tracing drops, the pass-through is empty)
+            for r in (8, 16):
+                cs = [torch.empty(1, 5, 1, r) for _ in range(2)]
+                for form in (_partial_chunk, _partial_unflatten_cast):
+                    reg(form, _fused_partial_half, [x, *cs], partial=True)
         half = [torch.empty(2, 3, 5, 4) for _ in range(2)]
         reg(_ltx2_split_heads, _fused_ltx2_split_heads, [torch.empty(2, 5, 24), *half], _split_heads_tables)
