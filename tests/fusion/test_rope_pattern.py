@@ -1087,3 +1087,173 @@ def test_partial_lookalikes_stay_unfused(fn, route, error_logs):
         assert fused(b, "rope") == 0
     assert_matches(out, eager)
     assert not error_logs, [r.getMessage() for r in error_logs]
+
+
+# --- other sources over diffusers' transformers: each module's own function where importable ----------------
+
+
+def cplx_freqs(*shape, dtype=torch.complex64):
+    """Unit-modulus complex tables (random angles), as the complex forms' rotary embeddings build them."""
+    return torch.polar(torch.ones(*shape, dtype=torch.float64), torch.rand(*shape, dtype=torch.float64) * 6).to(dtype)
+
+
+def kandinsky5_rope(x, rope):
+    """Verbatim the nested apply_rotary of Kandinsky5AttnProcessor (transformer_kandinsky.py)."""
+    x_ = x.reshape(*x.shape[:-1], -1, 1, 2).to(torch.float32)
+    x_out = (rope * x_).sum(dim=-1)
+    return x_out.reshape(*x.shape).to(torch.bfloat16)
+
+
+def kandinsky5_qk(q, k, rope):
+    """The processor's calls: ``apply_rotary(query, rotary_emb).type_as(query)`` (and key)."""
+    return kandinsky5_rope(q, rope).type_as(q), kandinsky5_rope(k, rope).type_as(k)
+
+
+def kandinsky_tables(B, S, D):
+    """``stack([cos, -sin, sin, cos]).view(2, 2)`` per pair, ``unsqueeze(-4)`` over the heads: [B, S, 1, D/2, 2, 2]."""
+    args = torch.rand(B, S, D // 2) * 6
+    rope = torch.stack([args.cos(), -args.sin(), args.sin(), args.cos()], dim=-1)
+    return rope.view(*rope.shape[:-1], 2, 2).unsqueeze(-4)
+
+
+def matrix_ref64(x, m):
+    """float64 ``out[2i + r] = sum_c m[i, r, c] x[2i + c]``."""
+    return (m.double() * x.double().unflatten(-1, (-1, 1, 2))).sum(-1).flatten(-2)
+
+
+def other_case(name, dtype):
+    """(function, inputs, float64 reference of each output) for one source."""
+    from diffusers.models.transformers import (transformer_anyflow, transformer_helios, transformer_joyimage,
+                                               transformer_joyimage_edit_plus, transformer_kandinsky6,
+                                               transformer_nucleusmoe_image, transformer_prx, transformer_qwenimage21)
+
+    torch.manual_seed(0)
+    B, S, H, D = 2, 6, 2, 16
+    q, k = torch.randn(B, S, H, D, dtype=dtype), torch.randn(B, S, H, D, dtype=dtype)
+
+    def complex_ref(x, f):  # f broadcast to x's pairs
+        f = torch.view_as_real(f.to(torch.complex128))
+        c, s = (t.repeat_interleave(2, -1) for t in (f[..., 0], f[..., 1]))
+        return rope_ref(x, c, s, True)
+
+    if name in ("nucleus", "qwenimage21"):  # freqs [S, D/2], unsqueezed at 1 inside
+        fn = transformer_nucleusmoe_image._apply_rotary_emb_nucleus if name == "nucleus" else \
+            transformer_qwenimage21.apply_rotary_emb_qwen
+        f = cplx_freqs(S, D // 2)
+        return (lambda q, k, f: (fn(q, f, use_real=False), fn(k, f, use_real=False))), (q, k, f), \
+            tuple(complex_ref(t, f.unsqueeze(1)) for t in (q, k))
+    if name == "bria_fibo2":
+        def apply_rotary_emb(x_in, freqs_cis):  # verbatim, nested in BriaFibo2AttnProcessor
+            x = torch.view_as_complex(x_in.float().reshape(*x_in.shape[:-1], -1, 2))
+            x_out = torch.view_as_real(x * freqs_cis.unsqueeze(2)).flatten(3)
+            return x_out.type_as(x_in)
+        f = cplx_freqs(B, S, D // 2)
+        return qk(apply_rotary_emb), (q, k, f), tuple(complex_ref(t, f.unsqueeze(2)) for t in (q, k))
+    if name == "anyflow":  # complex128 tables [S, 1, D/2], float64 math
+        f = cplx_freqs(S, 1, D // 2, dtype=torch.complex128)
+        return qk(transformer_anyflow.apply_rotary_emb), (q, k, f), tuple(complex_ref(t, f) for t in (q, k))
+    if name in ("joyimage", "joyimage_edit_plus"):
+        if name == "joyimage":  # tables [S, D] viewed to [1, S, 1, D] inside
+            cos, sin = torch.randn(S, D), torch.randn(S, D)
+            fn, c, s = transformer_joyimage._apply_rotary_emb, cos[None, :, None], sin[None, :, None]
+        else:  # batched tables [B, S, D] unsqueezed at 2 inside
+            cos, sin = torch.randn(B, S, D), torch.randn(B, S, D)
+            fn, c, s = transformer_joyimage_edit_plus._apply_rotary_emb_batched, cos[:, :, None], sin[:, :, None]
+        return (lambda q, k, cos, sin: fn(q, k, (cos, sin))), (q, k, cos, sin), \
+            tuple(rope_ref(t, c, s, True) for t in (q, k))
+    if name in ("kandinsky5", "kandinsky6"):
+        rope = kandinsky_tables(B, S, D)
+        fn = kandinsky5_qk if name == "kandinsky5" else qk(transformer_kandinsky6.apply_rotary)
+        refs = tuple(matrix_ref64(t, rope) for t in (q, k))
+        if name == "kandinsky5":  # the source rounds to bf16 whatever x is: so does the reference
+            refs = tuple(r.to(torch.bfloat16).double() for r in refs)
+        return fn, (q, k, rope), refs
+    if name == "prx":  # x [B, H, S, D], freqs_cis [B, 1, S, D/2, 2, 2]
+        qh, kh = q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous()
+        rope = kandinsky_tables(B, S, D).transpose(1, 2)
+        return qk(transformer_prx.apply_rope), (qh, kh, rope), tuple(matrix_ref64(t, rope) for t in (qh, kh))
+    assert name == "helios"  # freqs_cis [B, S, 2D]: cos | sin, each repeat-interleaved per pair
+    angles = (torch.rand(B, S, D // 2) * 6).repeat_interleave(2, -1)
+    freqs_cis = torch.cat([angles.cos(), angles.sin()], dim=-1)
+    c, s = angles.cos()[:, :, None], angles.sin()[:, :, None]
+    return qk(transformer_helios.apply_rotary_emb_transposed), (q, k, freqs_cis), \
+        tuple(rope_ref(t, c, s, True) for t in (q, k))
+
+
+OTHER_SOURCES = ["nucleus", "qwenimage21", "bria_fibo2", "anyflow", "joyimage", "joyimage_edit_plus", "kandinsky5",
+                 "kandinsky6", "prx", "helios"]
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", OTHER_SOURCES)
+def test_other_sources_fuse(name, dtype, route, error_logs):
+    """q and k through each source's function: two fusegraph.rope, the output equal to eager (and to the
+    float64 math). Kandinsky 5 rounds its result to bf16 and back whatever x is: that stays, outside the op."""
+    fn, inputs, refs = other_case(name, dtype)
+    b, out, eager = compile_and_run(fn, *inputs, **route)
+    assert b.stats.patterns["rope"] == 2 and fused(b, "rope") == 2, b.stats.patterns
+    assert b.stats.patterns["mul_add"] == 0
+    if name == "kandinsky5" and dtype == torch.float32 and b.config.inductor:
+        # Inductor's codegen drops an fp32 -> bf16 -> fp32 round trip (emulate_precision_casts is off): plain
+        # torch.compile gives the unrounded value too, and so does this route
+        torch._dynamo.reset()
+        with torch.no_grad():
+            eager = torch.compile(fn)(*inputs)
+        refs = tuple(matrix_ref64(t, inputs[2]) for t in inputs[:2])
+    assert_matches(out, eager, scale=8.0, ref64=refs)
+    assert not error_logs, [r.getMessage() for r in error_logs]
+
+
+def test_kandinsky5_copy_is_the_source():
+    """kandinsky5_rope above is the processor's nested function: its source line for line."""
+    import inspect
+
+    from diffusers.models.transformers import transformer_kandinsky
+
+    src = inspect.getsource(transformer_kandinsky.Kandinsky5AttnProcessor.__call__)
+    body = [line.strip() for line in inspect.getsource(kandinsky5_rope).splitlines()[2:]]
+    assert all(line in src for line in body), body
+
+
+def lookalike_matrix_transposed(x, freqs_cis):
+    """The pair's matrix applied transposed (``rope * x_`` summed over the rows, not the columns)."""
+    x_ = x.reshape(*x.shape[:-1], -1, 2, 1).float()
+    return (freqs_cis * x_).sum(dim=-2).reshape(*x.shape).to(x.dtype)
+
+
+def lookalike_helios_wrong_slices(x, freqs_cos, freqs_sin):
+    x_1, x_2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    out = torch.empty_like(x)
+    out[..., 0::2] = x_1 * freqs_cos[..., 1::2] - x_2 * freqs_sin[..., 1::2]
+    out[..., 1::2] = x_1 * freqs_sin[..., 1::2] + x_2 * freqs_cos[..., 1::2]
+    return out.type_as(x)
+
+
+def lookalike_joy_wrong_sign(x, cos, sin):
+    x_real, x_imag = x.float().reshape(*x.shape[:-1], -1, 2).unbind(-1)
+    x_rotated = torch.stack([x_imag, -x_real], dim=-1).flatten(3)
+    return (x.float() * cos + x_rotated * sin).type_as(x)
+
+
+def lookalike_anyflow_pairs_swapped(x, freqs):
+    """Each result pair written back as (imag, real)."""
+    x_rotated = torch.view_as_complex(x.to(torch.float64).unflatten(3, (-1, 2)))
+    return torch.view_as_real(x_rotated * freqs).flip(-1).flatten(3, 4).type_as(x)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("fn", [lookalike_matrix_transposed, lookalike_helios_wrong_slices, lookalike_joy_wrong_sign,
+                                lookalike_anyflow_pairs_swapped])
+def test_other_lookalikes_stay_unfused(fn, route, error_logs):
+    x = torch.randn(2, 5, 2, 8, dtype=torch.bfloat16)
+    if fn is lookalike_matrix_transposed:
+        args = (x, kandinsky_tables(2, 5, 8))
+    elif fn is lookalike_anyflow_pairs_swapped:
+        args = (x, cplx_freqs(5, 1, 4, dtype=torch.complex128))
+    else:
+        args = (x, torch.randn(1, 5, 1, 8), torch.randn(1, 5, 1, 8))
+    b, out, eager = compile_and_run(fn, *args, **route)
+    assert b.stats.patterns["rope"] == 0 and fused(b, "rope") == 0
+    assert_matches(out, eager)
+    assert not error_logs, [r.getMessage() for r in error_logs]

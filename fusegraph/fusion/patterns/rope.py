@@ -43,6 +43,37 @@ Source forms:
   output ``[B, T, H, D]``): on the inductor=True route that reshape and the attention's
   ``unflatten(2, (heads, -1))`` become one reshape back to the swapaxes' shape, which Inductor drops.
 
+* rotate-half written with slices or ``chunk`` + ``cat``: ``cat((-x[..., h:], x[..., :h]), -1)`` (Cosmos3's
+  and Ideogram4's ``_rotate_half``), ``first, second = x.chunk(2, -1)``, ``cat((-second, first), -1)``
+  (LongCat-Audio), as ``x * cos + rot(x) * sin`` in x's dtype (Cosmos3 on a rank-3 ``[N, H, D]`` x with
+  ``[N, 1, D]`` tables, Ideogram4 ``[B, L, H, D]`` / ``[B, L, 1, D]``) or ``(x.float() * cos +
+  rot(x).float() * sin).to(x.dtype)`` (LongCat-Audio, ``[1, S, 1, D]``) → ``rope(x, cos, sin,
+  interleaved=False)``. In x's dtype with bf16 / fp16 x, eager rounds each product and the sum; the op
+  rounds once (as for every form here). A form without casts whose result is not in x's dtype (fp32 tables,
+  bf16 x: promoted to fp32) stays unfused: the op's output is x's dtype.
+* partial rotary: ``x_rot, x_pass = x[..., :R], x[..., R:]`` with R the tables' last dim, ``cat((x_rot * cos +
+  rot(x_rot) * sin, x_pass), -1)``, rotate-half by ``chunk`` in x's dtype (MiniMax-H3's ``_apply_rotary_emb``,
+  MiniMax-Music3's ``_apply_partial_rotary_emb``, Ernie-Image's nested ``apply_rotary_emb``, whose
+  ``cos(freqs).to(x.dtype)`` stays outside the match) or by ``unflatten(-1, (2, -1)).unbind(-2)`` in fp32
+  (Stable Audio 3's ``_apply_rotary_partial``: ``x_rot.float()``, the result ``.to(x.dtype)`` before the
+  ``cat``) → ``rope(x, cos, sin, interleaved=False, rotary_dim=R)``: the pass-through channels are copied by
+  the op, no ``cat``. R = D too (Ernie's tables are as wide as the head: the ``x[..., :D]`` slice is a no-op
+  that tracing drops and the pass-through is empty; a form of its own). The search forms take R from the
+  tables, and the matcher re-traces them on the matched shapes, so a pass-through that is not exactly
+  ``x[..., R:]``, a rotated part taken elsewhere than ``x[..., :R]`` or of another width does not fuse.
+* JoyImage's ``_apply_rotary_emb`` (and JoyImage-Edit-Plus' batched copy): the interleaved form with the
+  rotation of ``x.float()`` and ``type_as(x)``.
+* AnyFlow's ``apply_rotary_emb``: the complex form in float64 (``x.to(float64).unflatten(3, (-1, 2))``,
+  ``flatten(3, 4)``, ``type_as(x)``), fused on the terms of Lumina2's complex128 tables. NucleusMoE's,
+  QwenImage-2.1's and Bria-Fibo2's copies of the complex form are the ``_complex`` form.
+* Kandinsky 5's and 6's ``apply_rotary``: ``(rope * x.reshape(..., -1, 1, 2).float()).sum(-1)`` with a 2x2
+  matrix per pair — HiDream's product as a sum, the same replacement. Kandinsky 5 rounds the result to bf16
+  and back whatever x is (``.to(torch.bfloat16)``, ``.type_as(query)``): with fp32 x the form without a cast
+  matches and the round trip stays, so the source's rounding is kept; Kandinsky 6's ``.to(x.dtype)`` is in the
+  form. PRX's ``apply_rope`` is HiDream's.
+* Helios' ``apply_rotary_emb_transposed``: Wan's form with each table slice taken at each use (the tables are
+  the outputs of ``freqs_cis.unsqueeze(-2).chunk(2, -1)``). Sana-Video's is Wan's verbatim.
+
 Sharing left by freezing's CSE (the default inductor=True route runs it before the fusion pass): the matcher
 refuses a match whose inner nodes have users outside it, and q's and k's RoPE compute the same table ops.
 Before matching, each RoPE instance gets its own copy again: Wan's strided table slices and ``empty_like``
@@ -234,6 +265,55 @@ def _partial_unflatten_cast(x, cos, sin):
     x_rot = x_rot.float()
     x_rot = x_rot * cos + _rotate_half_unflatten(x_rot) * sin
     return torch.cat((x_rot.to(x.dtype), x_pass), dim=-1)
+
+
+def _joy(x, cos, sin):
+    """JoyImage's ``_apply_rotary_emb`` (and JoyImage-Edit-Plus' batched copy): the interleaved form with the
+    rotation built from ``x.float()`` (``_rotate_half(x)``: ``x.float().reshape(..., -1, 2).unbind(-1)``,
+    ``stack([-x_imag, x_real], -1).flatten(3)``) and ``type_as(x)``; the same graph as
+    :func:`_diffusers_interleaved` for fp32 x, its own for bf16 / fp16."""
+    x_real, x_imag = x.float().reshape(*x.shape[:-1], -1, 2).unbind(-1)
+    x_rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(3)
+    return (x.float() * cos + x_rotated * sin).type_as(x)
+
+
+def _complex_f64(x, freqs):
+    """AnyFlow's ``apply_rotary_emb`` (and AnyFlow-FAR's copy): the complex form in float64 on CPU / CUDA
+    (``view_as_complex(x.to(float64).unflatten(3, (-1, 2)))``, ``view_as_real(... * freqs).flatten(3, 4)``,
+    ``type_as(x)``). As with Lumina2's complex128 tables, the op computes in fp32 from fp32-rounded tables:
+    a couple of fp32 ulps from the float64 product, taken only because ``type_as(x)`` rounds the result to
+    x's dtype anyway (see :func:`_complex_tables`)."""
+    x_rotated = torch.view_as_complex(x.to(torch.float64).unflatten(3, (-1, 2)))
+    return torch.view_as_real(x_rotated * freqs).flatten(3, 4).type_as(x)
+
+
+def _matrix_sum(x, freqs_cis):
+    """Kandinsky 5's ``apply_rotary`` up to its casts: ``x_ = x.reshape(..., -1, 1, 2).float()``,
+    ``(rope * x_).sum(-1).reshape(x.shape)`` with a 2x2 matrix per pair (``rope [..., D/2, 2, 2]``,
+    ``stack([cos, -sin, sin, cos]).view(2, 2)``): HiDream's product written as a sum. Kandinsky 5 then
+    rounds to bf16 and back (``.to(torch.bfloat16)``, ``.type_as(query)``): those casts stay outside the
+    match, so for fp32 x the source's bf16 rounding is kept as it is."""
+    x_ = x.reshape(*x.shape[:-1], -1, 1, 2).float()
+    return (freqs_cis * x_).sum(dim=-1).reshape(*x.shape)
+
+
+def _matrix_sum_cast(x, freqs_cis):
+    """Kandinsky 6's (and 6-SR's) ``apply_rotary``: ``(rope.float() * x_).sum(-1).reshape(x.shape)
+    .to(x.dtype)`` (fp32 tables: the ``rope.float()`` is no node); Kandinsky 5's with a bf16 x."""
+    x_ = x.reshape(*x.shape[:-1], -1, 1, 2).float()
+    return (freqs_cis * x_).sum(dim=-1).reshape(*x.shape).to(x.dtype)
+
+
+def _helios(x, freqs_cos, freqs_sin):
+    """Helios' ``apply_rotary_emb_transposed``: Wan's form with the table slices taken at each use
+    (``cos[..., 0::2]`` twice, ``sin[..., 1::2]`` twice) from ``freqs_cis.unsqueeze(-2).chunk(2, -1)``
+    (the chunk's outputs are the pattern's tables). Freezing's CSE (default route) merges the repeated
+    slices, and the graph is Wan's."""
+    x_1, x_2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    out = torch.empty_like(x)
+    out[..., 0::2] = x_1 * freqs_cos[..., 0::2] - x_2 * freqs_sin[..., 1::2]
+    out[..., 1::2] = x_1 * freqs_sin[..., 1::2] + x_2 * freqs_cos[..., 0::2]
+    return out.type_as(x)
 
 
 # ---- replacements ------------------------------------------------------------------------------------
@@ -579,6 +659,12 @@ def register(pm: PatternMatcherPass, opts) -> None:
                 freqs = torch.empty(1, 5, 1, 8, dtype=freqs_dtype)
                 reg(_complex, _fused_complex, [x, freqs], _complex_tables)
             reg(_hidream, _fused_hidream, [x, torch.empty(1, 5, 1, 8, 2, 2)], _hidream_tables)
+            reg(_matrix_sum, _fused_hidream, [x, torch.empty(1, 5, 1, 8, 2, 2)], _hidream_tables)
+            reg(_matrix_sum_cast, _fused_hidream, [x, torch.empty(1, 5, 1, 8, 2, 2)], _hidream_tables)
+            reg(_joy, _fused_interleaved, [x, *cs])
+            reg(_helios, _fused_wan, [x, *cs])
+            for freqs_dtype in (torch.complex64, torch.complex128):
+                reg(_complex_f64, _fused_complex, [x, torch.empty(1, 5, 1, 8, dtype=freqs_dtype)], _complex_tables)
             half = [torch.empty(2, 3, 5, 4) for _ in range(2)]  # [B, H, T, D/2] for x [B, T, H * D]
             reg(_ltx2_split, _fused_ltx2_split, [torch.empty(2, 5, 24, dtype=x_dtype), *half], _split_tables)
             # rotate-half by slices / chunk + cat (Cosmos3 [N, H, D] with [N, 1, D] tables; Ideogram4,
