@@ -106,8 +106,9 @@ def rope_fused(x, cos, sin):
 
 
 def rope_partial_fused(x, cos, sin):
-    return fops.rope(x, cos.to(x.dtype)[None, :, None, :], sin.to(x.dtype)[None, :, None, :], interleaved=False,
-                     rotary_dim=cos.shape[-1])
+    # the fp32 tables as they are (the op reads fp32 tables with a bf16 / fp16 x): the float64 reference
+    # is the composition with unrounded tables, which bf16 tables would miss by their own rounding.
+    return fops.rope(x, cos[None, :, None, :], sin[None, :, None, :], interleaved=False, rotary_dim=cos.shape[-1])
 
 
 def adaln_fused(x, emb):
