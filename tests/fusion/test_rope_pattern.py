@@ -1172,6 +1172,16 @@ def other_case(name, dtype):
         qh, kh = q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous()
         rope = kandinsky_tables(B, S, D).transpose(1, 2)
         return qk(transformer_prx.apply_rope), (qh, kh, rope), tuple(matrix_ref64(t, rope) for t in (qh, kh))
+    if name == "sana_wm":  # q / k [B, N, H, D] permuted to (B, H, D, N), as SanaWM's linear attention does
+        from diffusers.models.transformers import transformer_sana_wm
+
+        f = cplx_freqs(1, 1, S, D // 2)
+
+        def sana_wm(q, k, f):
+            q, k = q.permute(0, 2, 3, 1), k.permute(0, 2, 3, 1)
+            return transformer_sana_wm._apply_rotary_emb(q, f), transformer_sana_wm._apply_rotary_emb(k, f)
+
+        return sana_wm, (q, k, f), tuple(complex_ref(t.permute(0, 2, 1, 3), f).permute(0, 1, 3, 2) for t in (q, k))
     assert name == "helios"  # freqs_cis [B, S, 2D]: cos | sin, each repeat-interleaved per pair
     angles = (torch.rand(B, S, D // 2) * 6).repeat_interleave(2, -1)
     freqs_cis = torch.cat([angles.cos(), angles.sin()], dim=-1)
@@ -1181,7 +1191,7 @@ def other_case(name, dtype):
 
 
 OTHER_SOURCES = ["nucleus", "qwenimage21", "bria_fibo2", "anyflow", "joyimage", "joyimage_edit_plus", "kandinsky5",
-                 "kandinsky6", "prx", "helios"]
+                 "kandinsky6", "prx", "helios", "sana_wm"]
 
 
 @pytest.mark.parametrize("route", ROUTES)

@@ -71,6 +71,8 @@ Source forms:
   and back whatever x is (``.to(torch.bfloat16)``, ``.type_as(query)``): with fp32 x the form without a cast
   matches and the round trip stays, so the source's rounding is kept; Kandinsky 6's ``.to(x.dtype)`` is in the
   form. PRX's ``apply_rope`` is HiDream's.
+* SanaWM's ``_apply_rotary_emb`` on ``(B, H, D, N)`` features: the complex form on ``x.permute(0, 1, 3, 2)``,
+  the result permuted back → ``rope(x.permute(0, 1, 3, 2), ...).permute(0, 1, 3, 2)`` (views).
 * Helios' ``apply_rotary_emb_transposed``: Wan's form with each table slice taken at each use (the tables are
   the outputs of ``freqs_cis.unsqueeze(-2).chunk(2, -1)``). Sana-Video's is Wan's verbatim.
 
@@ -304,6 +306,15 @@ def _matrix_sum_cast(x, freqs_cis):
     return (freqs_cis * x_).sum(dim=-1).reshape(*x.shape).to(x.dtype)
 
 
+def _sana_wm(x, freqs):
+    """SanaWM's ``_apply_rotary_emb`` on ``(B, H, D, N)`` features (q / k permuted for its linear attention):
+    the complex form on ``x.permute(0, 1, 3, 2)`` (``to(float32)``, ``unflatten(3, (-1, 2))``), the result
+    ``flatten(3, 4).permute(0, 1, 3, 2).type_as(x)``; freqs ``[1, 1, N, D/2]`` complex64."""
+    x_rotated = torch.view_as_complex(x.permute(0, 1, 3, 2).to(torch.float32).unflatten(3, (-1, 2)))
+    x_out = torch.view_as_real(x_rotated * freqs).flatten(3, 4).permute(0, 1, 3, 2)
+    return x_out.type_as(x)
+
+
 def _helios(x, freqs_cos, freqs_sin):
     """Helios' ``apply_rotary_emb_transposed``: Wan's form with the table slices taken at each use
     (``cos[..., 0::2]`` twice, ``sin[..., 1::2]`` twice) from ``freqs_cis.unsqueeze(-2).chunk(2, -1)``
@@ -364,6 +375,12 @@ def _fused_complex(x, freqs):
     freqs are rounded to fp32 first (the op computes in fp32; see :func:`_complex_tables`)."""
     f = torch.view_as_real(freqs).to(torch.float32)
     return _rope(x, _pairwise(f[..., 0]), _pairwise(f[..., 1]), True)
+
+
+def _fused_sana_wm(x, freqs):
+    """:func:`_fused_complex` on ``x.permute(0, 1, 3, 2)`` (a view), the result permuted back (the view the
+    source returns, of a contiguous ``[B, H, N, D]``)."""
+    return _fused_complex(x.permute(0, 1, 3, 2), freqs).permute(0, 1, 3, 2)
 
 
 def _fused_hidream(x, freqs_cis):
@@ -471,12 +488,14 @@ def _split_heads_tables(match: Match):
     return _split_tables(match)
 
 
-def _supported(match: Match, rank: int, tables=_real_tables, partial: bool = False) -> bool:
+def _supported(match: Match, rank: int, tables=_real_tables, partial: bool = False,
+               transposed: bool = False) -> bool:
     """What the fused kernel takes: float x of the rank the pattern was traced at, D even; cos/sin of one
     shape and dtype (fp32 or x's dtype), last dim D, broadcastable to x without changing x's shape; the
     matched result in x's dtype (the op's output dtype: a form without casts, ``x * cos + rot(x) * sin`` with
     fp32 tables and a bf16 x, gives fp32). ``partial`` (rotary_dim forms): the tables' last dim R is the
     rotated width, even and at most D (D itself may be odd), and they broadcast to ``x[..., :R]``.
+    ``transposed`` (SanaWM): the form rotates ``x.transpose(-1, -2)``, whose shape the checks use.
 
     Runs before the matcher re-traces the search form on the matched shapes: a form traced at rank 4 would
     fail that trace on a rank-3 x, and the failed trace logs error-level tracebacks; a refusal here is silent."""
@@ -486,6 +505,8 @@ def _supported(match: Match, rank: int, tables=_real_tables, partial: bool = Fal
     shape, dtype, device = tables
     if x.dtype not in _DTYPES or x.dim() != rank:
         return False
+    if transposed:
+        x = x.transpose(-1, -2)
     if dtype not in (torch.float32, x.dtype) or device != x.device or not 1 <= len(shape) <= rank:
         return False
     out = match.output_node().meta.get("val")
@@ -615,11 +636,12 @@ def _entries(pm: PatternMatcherPass) -> set:
 
 
 def _register(pm: PatternMatcherPass, trace_fn, search_fn, replace_fn, example_inputs, tables=_real_tables,
-              partial: bool = False) -> None:
+              partial: bool = False, transposed: bool = False) -> None:
     """``register_replacement`` with :func:`_supported` (at the example x's rank) checked *before* the
     matcher's re-trace of ``search_fn`` on the matched shapes, not after it: forms of one structure at several
     ranks (and lookalikes of them) are refused silently instead of by a failed, logged trace."""
-    check = functools.partial(_supported, rank=example_inputs[0].dim(), tables=tables, partial=partial)
+    check = functools.partial(_supported, rank=example_inputs[0].dim(), tables=tables, partial=partial,
+                              transposed=transposed)
     before = _entries(pm)
     register_replacement(search_fn, replace_fn, example_inputs, trace_fn=trace_fn, pass_dicts=pm,
                          extra_check=check, skip_duplicates=True)
@@ -665,6 +687,10 @@ def register(pm: PatternMatcherPass, opts) -> None:
             reg(_helios, _fused_wan, [x, *cs])
             for freqs_dtype in (torch.complex64, torch.complex128):
                 reg(_complex_f64, _fused_complex, [x, torch.empty(1, 5, 1, 8, dtype=freqs_dtype)], _complex_tables)
+                # SanaWM: x [B, H, D, N] (a permuted view whose D is unit-stride), freqs [1, 1, N, D/2]
+                xt = torch.empty(2, 3, 5, 16, dtype=x_dtype).transpose(-1, -2)
+                reg(_sana_wm, _fused_sana_wm, [xt, torch.empty(1, 1, 5, 8, dtype=freqs_dtype)], _complex_tables,
+                    transposed=True)
             half = [torch.empty(2, 3, 5, 4) for _ in range(2)]  # [B, H, T, D/2] for x [B, T, H * D]
             reg(_ltx2_split, _fused_ltx2_split, [torch.empty(2, 5, 24, dtype=x_dtype), *half], _split_tables)
             # rotate-half by slices / chunk + cat (Cosmos3 [N, H, D] with [N, 1, D] tables; Ideogram4,
