@@ -844,6 +844,51 @@ def test_longcat_audio_rope_fuses(dtype, tables_dtype, route, error_logs):
     assert not error_logs, [r.getMessage() for r in error_logs]
 
 
+def rotate_half_chunk_inline(x, cos, sin):
+    """The inline chunk rotation (``x1, x2 = x.chunk(2, dim=-1)``; ``rot = torch.cat((-x2, x1), dim=-1)``)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    rot = torch.cat((-x2, x1), dim=-1)
+    return x * cos + rot * sin
+
+
+def rotate_half_slices_fp32(x, cos, sin):
+    """Slices ``x[..., : d // 2]``, ``x[..., d // 2 :]`` in fp32 (``.float()`` on x), cast back."""
+    d = x.shape[-1]
+    rot = torch.cat((-x[..., d // 2 :], x[..., : d // 2]), dim=-1)
+    return (x.float() * cos + rot.float() * sin).to(x.dtype)
+
+
+HALF_LAYOUTS = {  # x layout, tables shape (S = 7, D = 12, B = 2)
+    "BSHD_S1D": ("BSHD", (7, 1, 12)),
+    "BSHD_1S1D": ("BSHD", (1, 7, 1, 12)),
+    "BSHD_BS1D": ("BSHD", (2, 7, 1, 12)),
+    "BHSD_SD": ("BHSD", (7, 12)),
+    "BHSD_B1SD": ("BHSD", (2, 1, 7, 12)),
+    "BHSD_view_11SD": ("BHSD_view", (1, 1, 7, 12)),
+}
+
+
+@pytest.mark.parametrize("layout", list(HALF_LAYOUTS))
+@pytest.mark.parametrize("fn", [rotate_half_chunk_inline, rotate_half_slices_fp32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_rotate_half_layouts_fuse(dtype, fn, layout):
+    """Both rotate-half spellings over the table layouts models use, x [B, S, H, D] or [B, H, S, D] (also a
+    transposed view of [B, S, H, D]); tables in x's dtype (the form without casts needs them so)."""
+    kind, cs_shape = HALF_LAYOUTS[layout]
+    B, S, H, D = 2, 7, 3, 12
+    if kind == "BSHD":
+        x = torch.randn(B, S, H, D, dtype=dtype)
+    elif kind == "BHSD":
+        x = torch.randn(B, H, S, D, dtype=dtype)
+    else:
+        x = torch.randn(B, S, H, D, dtype=dtype).transpose(1, 2)
+    cos, sin = torch.randn(cs_shape).to(dtype), torch.randn(cs_shape).to(dtype)
+    b, out, eager = compile_and_run(fn, x, cos, sin, inductor=False)
+    assert b.stats.patterns["rope"] == 1 and fused(b, "rope") == 1, b.stats.patterns
+    assert_ops_gone(b, "aten.cat.default", "aten.neg.default")
+    assert_matches(out, eager, scale=8.0, ref64=half_ref64(x, cos, sin))
+
+
 def test_rotate_half_sources_are_the_op():
     """The copies above are diffusers' functions (the module's own, where importable) and the op's math."""
     from diffusers.models.transformers import transformer_cosmos3, transformer_ideogram4, transformer_longcat_audio_dit
