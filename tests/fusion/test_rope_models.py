@@ -1,6 +1,7 @@
-"""RoPE in real models beyond Flux / Wan (SPEC §3): tiny diffusers Lumina2, Z-Image, QwenImage (complex form),
-LTX and LTX2 (rank-3 x; LTX2 also its split form), HiDream (2x2 matrices) and HunyuanVideo 1.5 (use_real,
-sequence_dim=1) and Mochi (strided even / odd halves, per-pair tables), random weights, fp32, through the fusegraph
+"""RoPE in real models beyond Flux / Wan (SPEC §3): tiny diffusers Lumina2, Z-Image, QwenImage, NucleusMoE (complex
+form), LTX and LTX2 (rank-3 x; LTX2 also its split form), HiDream (2x2 matrices) and HunyuanVideo 1.5 (use_real,
+sequence_dim=1), Mochi (strided even / odd halves, per-pair tables), Ernie-Image and Stable Audio 3 (partial
+rotary), LongCat-Audio (rotate-half by chunk + cat), random weights, fp32, through the fusegraph
 Backend (inductor=False; Lumina2, HiDream, LTX2 split and Mochi also on the default route, ``Backend(CompilationConfig())``: Inductor, freezing on): every RoPE site fuses
 and the output matches eager.
 
@@ -178,3 +179,69 @@ def test_mochi(route):
     inputs = dict(hidden_states=torch.randn(B, 4, 2, 8, 8), encoder_hidden_states=torch.randn(B, 8, 16),
                   timestep=torch.tensor([500]), encoder_attention_mask=torch.ones(B, 8, dtype=torch.bool))
     check(model, inputs, 1, route)
+
+
+# --- partial rotary, rotate-half by chunk + cat, NucleusMoE's complex form (issue #11) -------------------------
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_ernie_image(route):
+    """ErnieImageSingleStreamAttnProcessor: its nested apply_rotary_emb (rotate-half by chunk on
+    ``x[..., :R]``, the rest concatenated back; here R = head_dim, as the stock axes give: an empty
+    pass-through), cos / sin of the angles inside, on q and k of every block."""
+    from diffusers import ErnieImageTransformer2DModel
+    from diffusers.models.transformers.transformer_ernie_image import ErnieImageAttention
+
+    model = randomize(ErnieImageTransformer2DModel(
+        hidden_size=32, num_attention_heads=2, num_layers=2, ffn_hidden_size=64, in_channels=4, out_channels=4,
+        patch_size=1, text_in_dim=16, rope_theta=256, rope_axes_dim=(4, 6, 6)))
+    inputs = dict(hidden_states=torch.randn(1, 4, 4, 4), timestep=torch.rand(1), text_bth=torch.randn(1, 5, 16),
+                  text_lens=torch.tensor([5]))
+    check(model, inputs, 2 * count(model, ErnieImageAttention), route)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_stable_audio3(route):
+    """StableAudio3SelfAttnProcessor with differential attention: _apply_rotary_partial (partial rotary,
+    fp32 math) on q1, q2, k1, k2 of every self-attention."""
+    from diffusers import StableAudio3DiTModel
+    from diffusers.models.transformers.transformer_stable_audio3 import StableAudio3SelfAttention
+
+    model = randomize(StableAudio3DiTModel(
+        io_channels=4, embed_dim=32, depth=2, num_heads=2, cond_token_dim=8, global_cond_dim=8, local_add_cond_dim=4,
+        timestep_features_dim=16, num_memory_tokens=2, use_differential_attention=True))
+    rot_dim = model.rotary_pos_emb(4, "cpu").shape[-1]
+    assert rot_dim < model.config.embed_dim // model.config.num_heads  # partial: a pass-through is left
+    inputs = dict(hidden_states=torch.randn(1, 4, 12), timestep=torch.rand(1), encoder_hidden_states=torch.randn(1, 5, 8),
+                  global_hidden_states=torch.randn(1, 8))
+    check(model, inputs, 4 * count(model, StableAudio3SelfAttention), route)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_longcat_audio(route):
+    """LongCat-Audio: _apply_rotary_emb (rotate-half by chunk, fp32) on q and k of each self-attention and on
+    q (audio positions) and k (prompt positions) of each cross-attention."""
+    from diffusers import LongCatAudioDiTTransformer
+    from diffusers.models.transformers.transformer_longcat_audio_dit import AudioDiTAttention
+
+    model = randomize(LongCatAudioDiTTransformer(dit_dim=32, dit_depth=2, dit_heads=2, dit_text_dim=8, latent_dim=4))
+    inputs = dict(hidden_states=torch.randn(1, 10, 4), encoder_hidden_states=torch.randn(1, 5, 8),
+                  encoder_attention_mask=torch.ones(1, 5, dtype=torch.bool), timestep=torch.rand(1),
+                  latent_cond=torch.randn(1, 10, 4))
+    check(model, inputs, 2 * count(model, AudioDiTAttention), route)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_nucleus_moe(route):
+    """NucleusMoEAttnProcessor2_0: _apply_rotary_emb_nucleus(use_real=False) on the image q and k and the text
+    k of every block (dense blocks here: the MoE routing is no RoPE matter)."""
+    from diffusers import NucleusMoEImageTransformer2DModel
+
+    model = randomize(NucleusMoEImageTransformer2DModel(
+        patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=2,
+        joint_attention_dim=16, axes_dims_rope=(4, 6, 6), moe_enabled=False))
+    from diffusers.models.transformers.transformer_nucleusmoe_image import NucleusMoEImageTransformerBlock
+
+    inputs = dict(hidden_states=torch.randn(1, 16, 16), img_shapes=[(1, 4, 4)], encoder_hidden_states=torch.randn(1, 5, 16),
+                  encoder_hidden_states_mask=torch.ones(1, 5), timestep=torch.rand(1))
+    check(model, inputs, 3 * count(model, NucleusMoEImageTransformerBlock), route)
