@@ -2,7 +2,8 @@
 form), LTX and LTX2 (rank-3 x; LTX2 also its split form), HiDream (2x2 matrices) and HunyuanVideo 1.5 (use_real,
 sequence_dim=1), Mochi (strided even / odd halves, per-pair tables), Ernie-Image and Stable Audio 3 (partial
 rotary), LongCat-Audio (rotate-half by chunk + cat), random weights, fp32, through the fusegraph
-Backend (inductor=False; Lumina2, HiDream, LTX2 split and Mochi also on the default route, ``Backend(CompilationConfig())``: Inductor, freezing on): every RoPE site fuses
+Backend (inductor=False; Lumina2, HiDream, LTX2 split, Mochi and the issue #11 models also on the default route,
+``Backend(CompilationConfig())``: Inductor, freezing on): every RoPE site fuses
 and the output matches eager.
 
 Expected counts are read off each model's source: the attention processors that apply RoPE, times the q / k
