@@ -1,7 +1,8 @@
 """RoPE in real models beyond Flux / Wan (SPEC §3): tiny diffusers Lumina2, Z-Image, QwenImage, NucleusMoE (complex
 form), LTX and LTX2 (rank-3 x; LTX2 also its split form), HiDream (2x2 matrices) and HunyuanVideo 1.5 (use_real,
 sequence_dim=1), Mochi (strided even / odd halves, per-pair tables), Ernie-Image and Stable Audio 3 (partial
-rotary), LongCat-Audio (rotate-half by chunk + cat), random weights, fp32, through the fusegraph
+rotary), LongCat-Audio (rotate-half by chunk + cat), Helios (Wan-like), Kandinsky 5 (matrix sums), JoyImage
+(interleaved), random weights, fp32, through the fusegraph
 Backend (inductor=False; Lumina2, HiDream, LTX2 split, Mochi and the issue #11 models also on the default route,
 ``Backend(CompilationConfig())``: Inductor, freezing on): every RoPE site fuses
 and the output matches eager.
@@ -246,3 +247,52 @@ def test_nucleus_moe(route):
     inputs = dict(hidden_states=torch.randn(1, 16, 16), img_shapes=[(1, 4, 4)], encoder_hidden_states=torch.randn(1, 5, 16),
                   encoder_hidden_states_mask=torch.ones(1, 5), timestep=torch.rand(1))
     check(model, inputs, 3 * count(model, NucleusMoEImageTransformerBlock), route)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_helios(route):
+    """apply_rotary_emb_transposed (Wan's form, table slices taken at each use) on q and k of each block's
+    self-attention (the cross-attention has none)."""
+    from diffusers import HeliosTransformer3DModel
+    from diffusers.models.transformers.transformer_helios import HeliosTransformerBlock
+
+    model = randomize(HeliosTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4, text_dim=8,
+        freq_dim=16, ffn_dim=32, num_layers=2, rope_dim=(4, 4, 4)))
+    inputs = dict(hidden_states=torch.randn(1, 4, 2, 4, 4), timestep=torch.tensor([500]),
+                  encoder_hidden_states=torch.randn(1, 5, 8))
+    check(model, inputs, 2 * count(model, HeliosTransformerBlock), route)
+
+
+def test_kandinsky5():
+    """Kandinsky5AttnProcessor's nested apply_rotary ((rope * x_).sum(-1), 2x2 matrices) on q and k of every
+    self-attention, text encoder and visual decoder blocks. aten route only: on Inductor's routes its
+    fp32 -> bf16 -> fp32 round trip after the product is dropped by Inductor's codegen (plain torch.compile
+    too), which is no RoPE matter."""
+    from diffusers import Kandinsky5Transformer3DModel
+    from diffusers.models.transformers.transformer_kandinsky import (Kandinsky5TransformerDecoderBlock,
+                                                                     Kandinsky5TransformerEncoderBlock)
+
+    model = randomize(Kandinsky5Transformer3DModel(
+        in_visual_dim=4, in_text_dim=8, in_text_dim2=8, time_dim=16, out_visual_dim=4, patch_size=(1, 2, 2),
+        model_dim=32, ff_dim=64, num_text_blocks=1, num_visual_blocks=1, axes_dims=(4, 6, 6)))
+    inputs = dict(hidden_states=torch.randn(1, 1, 4, 4, 4), encoder_hidden_states=torch.randn(1, 5, 8),
+                  timestep=torch.rand(1), pooled_projections=torch.randn(1, 8),
+                  visual_rope_pos=(torch.arange(1), torch.arange(2), torch.arange(2)), text_rope_pos=torch.arange(5))
+    blocks = count(model, Kandinsky5TransformerEncoderBlock) + count(model, Kandinsky5TransformerDecoderBlock)
+    check(model, inputs, 2 * blocks)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_joyimage(route):
+    """JoyImage's _apply_rotary_emb (interleaved, rotation of x.float()) on the image q and k of every block
+    (no text tables without a text rope size: ``get_rotary_pos_embed`` returns ``(vis_freqs, None)``)."""
+    from diffusers import JoyImageEditTransformer3DModel
+    from diffusers.models.transformers.transformer_joyimage import JoyImageTransformerBlock
+
+    model = randomize(JoyImageEditTransformer3DModel(
+        patch_size=[1, 2, 2], in_channels=4, out_channels=4, hidden_size=32, num_attention_heads=2, text_dim=8,
+        num_layers=2, rope_dim_list=[4, 6, 6]))
+    inputs = dict(hidden_states=torch.randn(1, 4, 1, 4, 4), timestep=torch.rand(1),
+                  encoder_hidden_states=torch.randn(1, 5, 8))
+    check(model, inputs, 2 * count(model, JoyImageTransformerBlock), route)
