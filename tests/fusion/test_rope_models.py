@@ -3,7 +3,7 @@ form), LTX and LTX2 (rank-3 x; LTX2 also its split form), HiDream (2x2 matrices)
 sequence_dim=1), Mochi (strided even / odd halves, per-pair tables), Ernie-Image and Stable Audio 3 (partial
 rotary), LongCat-Audio (rotate-half by chunk + cat), Helios (Wan-like), Kandinsky 5 (matrix sums), JoyImage
 (interleaved), random weights, fp32, through the fusegraph
-Backend (inductor=False; Lumina2, HiDream, LTX2 split, Mochi and the issue #11 models also on the default route,
+Backend (inductor=False; Lumina2, HiDream, LTX2 split, Mochi and the issue #11 models but Kandinsky 5 also on the default route,
 ``Backend(CompilationConfig())``: Inductor, freezing on): every RoPE site fuses
 and the output matches eager.
 
