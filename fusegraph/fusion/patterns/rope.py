@@ -682,9 +682,13 @@ def register(pm: PatternMatcherPass, opts) -> None:
                 reg(_complex, _fused_complex, [x, freqs], _complex_tables)
             reg(_hidream, _fused_hidream, [x, torch.empty(1, 5, 1, 8, 2, 2)], _hidream_tables)
             reg(_matrix_sum, _fused_hidream, [x, torch.empty(1, 5, 1, 8, 2, 2)], _hidream_tables)
-            reg(_matrix_sum_cast, _fused_hidream, [x, torch.empty(1, 5, 1, 8, 2, 2)], _hidream_tables)
-            reg(_joy, _fused_interleaved, [x, *cs])
             reg(_helios, _fused_wan, [x, *cs])
+            # forms whose casts are no-ops in fp32 (the same graph as another form there): bf16 / fp16 only,
+            # which saves their tracing at registration
+            half_x = x_dtype != torch.float32
+            if half_x:
+                reg(_matrix_sum_cast, _fused_hidream, [x, torch.empty(1, 5, 1, 8, 2, 2)], _hidream_tables)
+                reg(_joy, _fused_interleaved, [x, *cs])
             for freqs_dtype in (torch.complex64, torch.complex128):
                 reg(_complex_f64, _fused_complex, [x, torch.empty(1, 5, 1, 8, dtype=freqs_dtype)], _complex_tables)
                 # SanaWM: x [B, H, D, N] (a permuted view whose D is unit-stride), freqs [1, 1, N, D/2]
@@ -693,17 +697,21 @@ def register(pm: PatternMatcherPass, opts) -> None:
                     transposed=True)
             half = [torch.empty(2, 3, 5, 4) for _ in range(2)]  # [B, H, T, D/2] for x [B, T, H * D]
             reg(_ltx2_split, _fused_ltx2_split, [torch.empty(2, 5, 24, dtype=x_dtype), *half], _split_tables)
-            # rotate-half by slices / chunk + cat (Cosmos3 [N, H, D] with [N, 1, D] tables; Ideogram4,
+            # rotate-half by slices / chunk + cat (Cosmos3 [N, H, D] with [N, 1, D] tables, no casts; Ideogram4,
             # LongCat-Audio [B, S, H, D]); the cast forms only differ from the plain ones for bf16 / fp16 x
-            for xs, ts in ((x, (1, 5, 1, 16)), (torch.empty(5, 3, 16, dtype=x_dtype), (5, 1, 16))):
+            # Forms without casts trace to one graph for every x dtype (bf16 / fp16 x with x-dtype tables matches
+            # the fp32 trace; with fp32 tables the result is fp32, refused by the output dtype check): once.
+            plain = (_half_slices, _half_chunk) if not half_x else ()
+            casts = (_half_slices_cast, _half_chunk_cast) if half_x else ()
+            for xs, ts, forms in ((x, (1, 5, 1, 16), plain + casts), (torch.empty(5, 3, 16, dtype=x_dtype), (5, 1, 16), plain)):
                 cs = [torch.empty(ts) for _ in range(2)]
-                for form in (_half_slices, _half_chunk, _half_slices_cast, _half_chunk_cast):
+                for form in forms:
                     reg(form, _fused_half, [xs, *cs])
             # partial rotary: R = 8 of D = 16, and R = D (Ernie's tables are as wide as the head: the
             # ``x[..., :D]`` slice is a no-op that tracing drops, the pass-through is empty)
             for r in (8, 16):
                 cs = [torch.empty(1, 5, 1, r) for _ in range(2)]
-                for form in (_partial_chunk, _partial_unflatten_cast):
+                for form in (_partial_unflatten_cast,) + (() if half_x else (_partial_chunk,)):
                     reg(form, _fused_partial_half, [x, *cs], partial=True)
         half = [torch.empty(2, 3, 5, 4) for _ in range(2)]
         reg(_ltx2_split_heads, _fused_ltx2_split_heads, [torch.empty(2, 5, 24), *half], _split_heads_tables)
