@@ -1,9 +1,9 @@
 """RoPE in real models beyond Flux / Wan (SPEC §3): tiny diffusers Lumina2, Z-Image, QwenImage, NucleusMoE (complex
 form), LTX and LTX2 (rank-3 x; LTX2 also its split form), HiDream (2x2 matrices) and HunyuanVideo 1.5 (use_real,
 sequence_dim=1), Mochi (strided even / odd halves, per-pair tables), Ernie-Image and Stable Audio 3 (partial
-rotary), LongCat-Audio (rotate-half by chunk + cat), Helios (Wan-like), Kandinsky 5 (matrix sums), JoyImage
+rotary), LongCat-Audio and Ideogram4 (rotate-half by chunk / slices + cat), Helios (Wan-like), Kandinsky 5 (matrix sums), JoyImage
 (interleaved), random weights, fp32, through the fusegraph
-Backend (inductor=False; Lumina2, HiDream, LTX2 split, Mochi and the issue #11 models but Kandinsky 5 also on the default route,
+Backend (inductor=False; Lumina2, HiDream, LTX2 split, Mochi and the issue #11 models but Kandinsky 5 and Ideogram4 also on the default route,
 ``Backend(CompilationConfig())``: Inductor, freezing on): every RoPE site fuses
 and the output matches eager.
 
@@ -296,3 +296,22 @@ def test_joyimage(route):
     inputs = dict(hidden_states=torch.randn(1, 4, 1, 4, 4), timestep=torch.rand(1),
                   encoder_hidden_states=torch.randn(1, 5, 8))
     check(model, inputs, 2 * count(model, JoyImageTransformerBlock), route)
+
+
+def test_ideogram4():
+    """Ideogram4AttnProcessor: ``(query * cos) + (_rotate_half(query) * sin)`` (rotate-half by slices, in x's
+    dtype, MRoPE tables ``[B, L, 1, D]``) on q and k of every block. aten route only: on Inductor's routes
+    plain torch.compile itself is ~5e-3 off eager on this model (outputs ~35), no RoPE matter."""
+    from diffusers import Ideogram4Transformer2DModel
+    from diffusers.models.transformers import transformer_ideogram4
+
+    model = randomize(Ideogram4Transformer2DModel(
+        in_channels=4, num_layers=2, attention_head_dim=32, num_attention_heads=2, intermediate_size=32, adaln_dim=16,
+        llm_features_dim=8, rope_theta=10000, mrope_section=(6, 5, 5)))
+    L = 10
+    indicator = torch.tensor([[transformer_ideogram4.LLM_TOKEN_INDICATOR] * 4
+                              + [transformer_ideogram4.OUTPUT_IMAGE_INDICATOR] * 6])
+    position_ids = torch.stack([torch.zeros(L), torch.arange(L) % 3, torch.arange(L) // 3], -1).long()[None]
+    inputs = dict(hidden_states=torch.randn(1, L, 4), timestep=torch.rand(1), encoder_hidden_states=torch.randn(1, L, 8),
+                  position_ids=position_ids, segment_ids=torch.zeros(1, L, dtype=torch.long), indicator=indicator)
+    check(model, inputs, 2 * model.config.num_layers)
