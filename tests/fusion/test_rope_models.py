@@ -1,11 +1,10 @@
 """RoPE in real models beyond Flux / Wan (SPEC §3): tiny diffusers Lumina2, Z-Image, QwenImage, NucleusMoE (complex
 form), LTX and LTX2 (rank-3 x; LTX2 also its split form), HiDream (2x2 matrices) and HunyuanVideo 1.5 (use_real,
 sequence_dim=1), Mochi (strided even / odd halves, per-pair tables), Ernie-Image and Stable Audio 3 (partial
-rotary), LongCat-Audio and Ideogram4 (rotate-half by chunk / slices + cat), Helios (Wan-like), Kandinsky 5 (matrix sums), JoyImage
-(interleaved), random weights, fp32, through the fusegraph
-Backend (inductor=False; Lumina2, HiDream, LTX2 split, Mochi and the issue #11 models but Kandinsky 5 and Ideogram4 also on the default route,
-``Backend(CompilationConfig())``: Inductor, freezing on): every RoPE site fuses
-and the output matches eager.
+rotary), LongCat-Audio and Ideogram4 (rotate-half by chunk / slices + cat), Helios (Wan-like), Kandinsky 5 (matrix
+sums), JoyImage (interleaved), random weights, fp32, through the fusegraph Backend (inductor=False; Lumina2,
+HiDream, LTX2 split, Mochi and the issue #11 models but Kandinsky 5 and Ideogram4 also on the default route,
+``Backend(CompilationConfig())``: Inductor, freezing on): every RoPE site fuses and the output matches eager.
 
 Expected counts are read off each model's source: the attention processors that apply RoPE, times the q / k
 (and, in QwenImage, text q / k) they apply it to; each is counted from the model's own modules."""
@@ -214,8 +213,8 @@ def test_stable_audio3(route):
         timestep_features_dim=16, num_memory_tokens=2, use_differential_attention=True))
     rot_dim = model.rotary_pos_emb(4, "cpu").shape[-1]
     assert rot_dim < model.config.embed_dim // model.config.num_heads  # partial: a pass-through is left
-    inputs = dict(hidden_states=torch.randn(1, 4, 12), timestep=torch.rand(1), encoder_hidden_states=torch.randn(1, 5, 8),
-                  global_hidden_states=torch.randn(1, 8))
+    inputs = dict(hidden_states=torch.randn(1, 4, 12), timestep=torch.rand(1),
+                  encoder_hidden_states=torch.randn(1, 5, 8), global_hidden_states=torch.randn(1, 8))
     check(model, inputs, 4 * count(model, StableAudio3SelfAttention), route)
 
 
@@ -238,14 +237,14 @@ def test_nucleus_moe(route):
     """NucleusMoEAttnProcessor2_0: _apply_rotary_emb_nucleus(use_real=False) on the image q and k and the text
     k of every block (dense blocks here: the MoE routing is no RoPE matter)."""
     from diffusers import NucleusMoEImageTransformer2DModel
+    from diffusers.models.transformers.transformer_nucleusmoe_image import NucleusMoEImageTransformerBlock
 
     model = randomize(NucleusMoEImageTransformer2DModel(
         patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=2,
         joint_attention_dim=16, axes_dims_rope=(4, 6, 6), moe_enabled=False))
-    from diffusers.models.transformers.transformer_nucleusmoe_image import NucleusMoEImageTransformerBlock
-
-    inputs = dict(hidden_states=torch.randn(1, 16, 16), img_shapes=[(1, 4, 4)], encoder_hidden_states=torch.randn(1, 5, 16),
-                  encoder_hidden_states_mask=torch.ones(1, 5), timestep=torch.rand(1))
+    inputs = dict(hidden_states=torch.randn(1, 16, 16), img_shapes=[(1, 4, 4)],
+                  encoder_hidden_states=torch.randn(1, 5, 16), encoder_hidden_states_mask=torch.ones(1, 5),
+                  timestep=torch.rand(1))
     check(model, inputs, 3 * count(model, NucleusMoEImageTransformerBlock), route)
 
 
@@ -312,6 +311,7 @@ def test_ideogram4():
     indicator = torch.tensor([[transformer_ideogram4.LLM_TOKEN_INDICATOR] * 4
                               + [transformer_ideogram4.OUTPUT_IMAGE_INDICATOR] * 6])
     position_ids = torch.stack([torch.zeros(L), torch.arange(L) % 3, torch.arange(L) // 3], -1).long()[None]
-    inputs = dict(hidden_states=torch.randn(1, L, 4), timestep=torch.rand(1), encoder_hidden_states=torch.randn(1, L, 8),
-                  position_ids=position_ids, segment_ids=torch.zeros(1, L, dtype=torch.long), indicator=indicator)
+    inputs = dict(hidden_states=torch.randn(1, L, 4), timestep=torch.rand(1),
+                  encoder_hidden_states=torch.randn(1, L, 8), position_ids=position_ids,
+                  segment_ids=torch.zeros(1, L, dtype=torch.long), indicator=indicator)
     check(model, inputs, 2 * model.config.num_layers)

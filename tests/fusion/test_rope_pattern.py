@@ -1055,7 +1055,8 @@ def test_partial_rotary_fuses(name, dtype, D, R, route, error_logs):
 
 def test_partial_sources_are_diffusers():
     """The copies above are diffusers' functions."""
-    from diffusers.models.transformers import transformer_minimax_h3, transformer_minimax_music3, transformer_stable_audio3
+    from diffusers.models.transformers import (transformer_minimax_h3, transformer_minimax_music3,
+                                               transformer_stable_audio3)
 
     x = torch.randn(2, 5, 3, 20)
     cos, sin = torch.randn(5, 12), torch.randn(5, 12)

@@ -703,7 +703,8 @@ def register(pm: PatternMatcherPass, opts) -> None:
             # the fp32 trace; with fp32 tables the result is fp32, refused by the output dtype check): once.
             plain = (_half_slices, _half_chunk) if not half_x else ()
             casts = (_half_slices_cast, _half_chunk_cast) if half_x else ()
-            for xs, ts, forms in ((x, (1, 5, 1, 16), plain + casts), (torch.empty(5, 3, 16, dtype=x_dtype), (5, 1, 16), plain)):
+            x3h = torch.empty(5, 3, 16, dtype=x_dtype)  # Cosmos3: [N, H, D]
+            for xs, ts, forms in ((x, (1, 5, 1, 16), plain + casts), (x3h, (5, 1, 16), plain)):
                 cs = [torch.empty(ts) for _ in range(2)]
                 for form in forms:
                     reg(form, _fused_half, [xs, *cs])
