@@ -45,10 +45,13 @@ def rope_rot(x, interleaved: bool):
     return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
 
 
-def rope_ref(x, cos, sin, interleaved: bool):
-    """float64 x * cos + rot(x) * sin."""
+def rope_ref(x, cos, sin, interleaved: bool, rotary_dim=None):
+    """float64 x * cos + rot(x) * sin; with ``rotary_dim`` R on x[..., :R] (rot of that part alone), x[..., R:]
+    as it is."""
     x = x.double()
-    return x * cos.double() + rope_rot(x, interleaved) * sin.double()
+    r = x.shape[-1] if rotary_dim is None else rotary_dim
+    xr = x[..., :r]
+    return torch.cat([xr * cos.double() + rope_rot(xr, interleaved) * sin.double(), x[..., r:]], dim=-1)
 
 
 def wan_rope(hidden_states, freqs_cos, freqs_sin):

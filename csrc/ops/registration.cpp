@@ -12,7 +12,7 @@ TORCH_LIBRARY(fusegraph, m) {
   m.set_python_module("fusegraph.ops.rope");
   // interleaved is a bool; it is declared `Scalar?` so that the op itself sees and rejects None and numbers,
   // which a `bool` argument would silently coerce (None -> False: rotate-half).
-  m.def("rope(Tensor x, Tensor cos, Tensor sin, *, Scalar? interleaved=True) -> Tensor");
+  m.def("rope(Tensor x, Tensor cos, Tensor sin, *, Scalar? interleaved=True, int? rotary_dim=None) -> Tensor");
   m.set_python_module("fusegraph.ops.adaln");
   m.def(
       "adaln(Tensor x, Tensor scale, Tensor shift, float eps=1e-06, Tensor? weight=None, Tensor? bias=None, *, "

@@ -62,6 +62,18 @@ def rope_eager(x, cos, sin):
     return (x.to(compute) * cos + x_rotated.to(compute) * sin).to(x.dtype)
 
 
+def rope_partial_eager(x, cos, sin):
+    # diffusers transformer_minimax_h3._apply_rotary_emb: the first R = cos.shape[-1] channels rotated
+    # (rotate-half, tables cast to x's dtype, math in x's dtype), the rest concatenated back.
+    rotary_dim = cos.shape[-1]
+    x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
+    cos = cos.to(x.dtype)[None, :, None, :]
+    sin = sin.to(x.dtype)[None, :, None, :]
+    x1, x2 = x_rot.chunk(2, dim=-1)
+    x_rot = x_rot * cos + torch.cat((-x2, x1), dim=-1) * sin
+    return torch.cat((x_rot, x_pass), dim=-1).contiguous()
+
+
 def adaln_eager(x, emb):
     # diffusers AdaLayerNormZeroSingle.forward after its linear: chunk, LayerNorm(no affine), modulate.
     shift, scale, _gate = emb.chunk(3, dim=1)
@@ -91,6 +103,12 @@ def rms_norm_diffusers_fused(x, weight):
 
 def rope_fused(x, cos, sin):
     return fops.rope(x, cos[None, :, None, :], sin[None, :, None, :], interleaved=True)
+
+
+def rope_partial_fused(x, cos, sin):
+    # the fp32 tables as they are (the op reads fp32 tables with a bf16 / fp16 x): the float64 reference
+    # is the composition with unrounded tables, which bf16 tables would miss by their own rounding.
+    return fops.rope(x, cos[None, :, None, :], sin[None, :, None, :], interleaved=False, rotary_dim=cos.shape[-1])
 
 
 def adaln_fused(x, emb):
@@ -129,6 +147,12 @@ def rope_inputs(shape, dtype, device):
     return _randn(shape, dtype, device), cos, sin
 
 
+def rope_partial_inputs(shape, dtype, device):
+    """x ``[B, S, H, D]`` and rotate-half tables ``[S, D/2]`` (half the head rotated, MiniMax-H3-like)."""
+    cos, sin = rope_tables(shape[1], shape[3] // 2, device=device)
+    return _randn(shape, dtype, device), cos, sin
+
+
 def adaln_inputs(shape, dtype, device):
     return _randn(shape, dtype, device), _randn((shape[0], 3 * shape[-1]), dtype, device, 0.5)
 
@@ -160,6 +184,8 @@ CASES = [
     Case("rms_norm", "rms_norm[diffusers]", (1, 4096, 3072), (2, 64, 256), norm_inputs,
          rms_norm_diffusers_eager, rms_norm_diffusers_fused),
     Case("rope", "rope", (1, 4096, 24, 128), (1, 64, 4, 32), rope_inputs, rope_eager, rope_fused),
+    Case("rope", "rope[rotary_dim=D/2]", (1, 4096, 24, 128), (1, 64, 4, 32), rope_partial_inputs,
+         rope_partial_eager, rope_partial_fused),
     Case("adaln", "adaln", (1, 4096, 3072), (2, 64, 256), adaln_inputs, adaln_eager, adaln_fused),
     Case("gelu_tanh", "gelu_tanh", (1, 4096, 12288), (2, 64, 1024), gelu_inputs,
          gelu_tanh_eager, gelu_tanh_fused),

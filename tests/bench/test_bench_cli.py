@@ -77,6 +77,10 @@ def test_eager_baselines_match_diffusers():
     cos, sin = ops.rope_tables(16, 32)
     torch.testing.assert_close(ops.rope_eager(q, cos, sin), apply_rotary_emb(q, (cos, sin), sequence_dim=1),
                                rtol=0, atol=0)
+    from diffusers.models.transformers.transformer_minimax_h3 import _apply_rotary_emb
+
+    q, cos, sin = ops.rope_partial_inputs((1, 16, 2, 32), torch.bfloat16, "cpu")
+    torch.testing.assert_close(ops.rope_partial_eager(q, cos, sin), _apply_rotary_emb(q, cos, sin), rtol=0, atol=0)
 
     ada = AdaLayerNormZeroSingle(64)
     temb = torch.randn(2, 64)

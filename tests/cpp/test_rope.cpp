@@ -8,12 +8,21 @@
 
 namespace {
 
-at::Tensor rope_op(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool interleaved) {
+at::Tensor rope_op(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool interleaved,
+                   std::optional<int64_t> rotary_dim = std::nullopt) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("fusegraph::rope", "")
                              .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                               const std::optional<c10::Scalar>&)>();
-  return op.call(x, cos, sin, c10::Scalar(interleaved));
+                                               const std::optional<c10::Scalar>&, std::optional<int64_t>)>();
+  return op.call(x, cos, sin, c10::Scalar(interleaved), rotary_dim);
+}
+
+// Partial rotary in ATen ops, float64: reference() on x[..., :R], x[..., R:] as it is.
+at::Tensor reference(const at::Tensor& x_in, const at::Tensor& cos, const at::Tensor& sin, bool interleaved);
+at::Tensor partial_reference(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool interleaved,
+                             int64_t r) {
+  const int64_t d = x.size(-1);
+  return at::cat({reference(x.narrow(-1, 0, r), cos, sin, interleaved), x.narrow(-1, r, d - r).to(at::kDouble)}, -1);
 }
 
 // diffusers' apply_rotary_emb(use_real=True) in ATen ops, in float64.
@@ -63,10 +72,36 @@ TEST(Rope, EveryCapabilityKernelAgrees) {
     ASSERT_NE(fusegraph::rope_stub.table[c], nullptr) << "capability " << c;
     for (bool interleaved : {true, false}) {
       at::Tensor out = at::full(x.sizes(), NAN, x.options());
-      fusegraph::rope_stub.table[c](x, cos, sin, out, interleaved);
+      fusegraph::rope_stub.table[c](x, cos, sin, out, interleaved, 70);
       expect_close(out, reference(x, cos, sin, interleaved), 1.6e-2);
+      at::Tensor part = at::full(x.sizes(), NAN, x.options());
+      const at::Tensor c34 = cos.narrow(-1, 0, 34).contiguous(), s34 = sin.narrow(-1, 0, 34).contiguous();
+      fusegraph::rope_stub.table[c](x, c34, s34, part, interleaved, 34);
+      expect_close(part, partial_reference(x, c34, s34, interleaved, 34), 1.6e-2);
+      EXPECT_TRUE(at::equal(part.narrow(-1, 34, 36), x.narrow(-1, 34, 36)));
     }
   }
+}
+
+TEST(Rope, PartialRotaryDim) {
+  // x[..., :R] rotated, x[..., R:] copied unchanged; odd D, transposed x, every dtype and form.
+  for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    for (bool interleaved : {true, false}) {
+      for (int64_t d : {11, 40}) {
+        const at::Tensor x = at::randn({2, 7, 3, d}).to(dtype).transpose(1, 2);  // [B,H,S,D] view
+        const at::Tensor cos = at::randn({7, 6}), sin = at::randn({7, 6});
+        const at::Tensor out = rope_op(x, cos, sin, interleaved, 6);
+        EXPECT_EQ(out.scalar_type(), dtype);
+        EXPECT_TRUE(out.is_contiguous());
+        expect_close(out, partial_reference(x, cos, sin, interleaved, 6), dtype == at::kFloat ? 1e-5 : 1.6e-2);
+        EXPECT_TRUE(at::equal(out.narrow(-1, 6, d - 6), x.narrow(-1, 6, d - 6)));
+        const at::Tensor out64 = rope_op(x.to(at::kDouble), cos, sin, interleaved, 6);  // the float64 path
+        EXPECT_TRUE(at::allclose(out64, partial_reference(x, cos, sin, interleaved, 6), 1e-12, 1e-12));
+      }
+    }
+  }
+  const at::Tensor x = at::randn({1, 3, 2, 8}), cos = at::randn({3, 1, 8}), sin = at::randn({3, 1, 8});
+  EXPECT_TRUE(at::equal(rope_op(x, cos, sin, false, 8), rope_op(x, cos, sin, false)));  // rotary_dim = D
 }
 
 TEST(Rope, ChecksNameTheArgument) {
@@ -87,6 +122,17 @@ TEST(Rope, ChecksNameTheArgument) {
             std::string::npos);
   EXPECT_NE(message([&] { fusegraph::check_rope_args(x, at::randn({3, 8}), at::randn({3, 8})); })
                 .find("argument 'cos' has shape [3, 8] which does not broadcast"),
+            std::string::npos);
+  EXPECT_EQ(fusegraph::check_rope_args(x, ok, ok), 8);
+  const at::Tensor narrow = at::randn({3, 1, 4});
+  EXPECT_EQ(fusegraph::check_rope_args(x, narrow, narrow, 4), 4);
+  EXPECT_NE(message([&] { fusegraph::check_rope_args(x, narrow, narrow, 5); })
+                .find("argument 'rotary_dim' is 5; expected an even width with 0 < rotary_dim <= D = 8"),
+            std::string::npos);
+  EXPECT_NE(message([&] { fusegraph::check_rope_args(x, ok, ok, 10); }).find("argument 'rotary_dim' is 10"),
+            std::string::npos);
+  EXPECT_NE(message([&] { fusegraph::check_rope_args(x, ok, ok, 4); })
+                .find("argument 'cos' has shape [3, 1, 8] with last dim 8; expected rotary_dim = 4"),
             std::string::npos);
   const at::Tensor meta = at::empty({3, 1, 8}, at::TensorOptions().device(at::kMeta));
   EXPECT_NE(message([&] { fusegraph::check_rope_args(x, ok, meta); }).find("argument 'sin' is on meta but 'x' is on cpu"),
@@ -111,11 +157,11 @@ TEST(Rope, InterleavedMustBeABool) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("fusegraph::rope", "")
                              .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                               const std::optional<c10::Scalar>&)>();
+                                               const std::optional<c10::Scalar>&, std::optional<int64_t>)>();
   const at::Tensor x = at::randn({1, 2, 1, 4}), cs = at::randn({2, 1, 4});
   const auto message = [&](std::optional<c10::Scalar> v) {
     try {
-      op.call(x, cs, cs, v);
+      op.call(x, cs, cs, v, std::nullopt);
     } catch (const c10::TypeError& e) {
       return std::string(e.what_without_backtrace());
     }

@@ -1,8 +1,10 @@
-"""RoPE in real models beyond Flux / Wan (SPEC §3): tiny diffusers Lumina2, Z-Image, QwenImage (complex form),
-LTX and LTX2 (rank-3 x; LTX2 also its split form), HiDream (2x2 matrices) and HunyuanVideo 1.5 (use_real,
-sequence_dim=1) and Mochi (strided even / odd halves, per-pair tables), random weights, fp32, through the fusegraph
-Backend (inductor=False; Lumina2, HiDream, LTX2 split and Mochi also on the default route, ``Backend(CompilationConfig())``: Inductor, freezing on): every RoPE site fuses
-and the output matches eager.
+"""RoPE in real models beyond Flux / Wan (SPEC §3): tiny diffusers Lumina2, Z-Image, QwenImage, NucleusMoE (complex
+form), LTX and LTX2 (rank-3 x; LTX2 also its split form), HiDream (2x2 matrices) and HunyuanVideo 1.5 (use_real,
+sequence_dim=1), Mochi (strided even / odd halves, per-pair tables), Ernie-Image and Stable Audio 3 (partial
+rotary), LongCat-Audio and Ideogram4 (rotate-half by chunk / slices + cat), Helios (Wan-like), Kandinsky 5 (matrix
+sums), JoyImage (interleaved), random weights, fp32, through the fusegraph Backend (inductor=False; Lumina2,
+HiDream, LTX2 split, Mochi and the issue #11 models but Kandinsky 5 and Ideogram4 also on the default route,
+``Backend(CompilationConfig())``: Inductor, freezing on): every RoPE site fuses and the output matches eager.
 
 Expected counts are read off each model's source: the attention processors that apply RoPE, times the q / k
 (and, in QwenImage, text q / k) they apply it to; each is counted from the model's own modules."""
@@ -178,3 +180,138 @@ def test_mochi(route):
     inputs = dict(hidden_states=torch.randn(B, 4, 2, 8, 8), encoder_hidden_states=torch.randn(B, 8, 16),
                   timestep=torch.tensor([500]), encoder_attention_mask=torch.ones(B, 8, dtype=torch.bool))
     check(model, inputs, 1, route)
+
+
+# --- partial rotary, rotate-half by chunk + cat, NucleusMoE's complex form (issue #11) -------------------------
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_ernie_image(route):
+    """ErnieImageSingleStreamAttnProcessor: its nested apply_rotary_emb (rotate-half by chunk on
+    ``x[..., :R]``, the rest concatenated back; here R = head_dim, as the stock axes give: an empty
+    pass-through), cos / sin of the angles inside, on q and k of every block."""
+    from diffusers import ErnieImageTransformer2DModel
+    from diffusers.models.transformers.transformer_ernie_image import ErnieImageAttention
+
+    model = randomize(ErnieImageTransformer2DModel(
+        hidden_size=32, num_attention_heads=2, num_layers=2, ffn_hidden_size=64, in_channels=4, out_channels=4,
+        patch_size=1, text_in_dim=16, rope_theta=256, rope_axes_dim=(4, 6, 6)))
+    inputs = dict(hidden_states=torch.randn(1, 4, 4, 4), timestep=torch.rand(1), text_bth=torch.randn(1, 5, 16),
+                  text_lens=torch.tensor([5]))
+    check(model, inputs, 2 * count(model, ErnieImageAttention), route)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_stable_audio3(route):
+    """StableAudio3SelfAttnProcessor with differential attention: _apply_rotary_partial (partial rotary,
+    fp32 math) on q1, q2, k1, k2 of every self-attention."""
+    from diffusers import StableAudio3DiTModel
+    from diffusers.models.transformers.transformer_stable_audio3 import StableAudio3SelfAttention
+
+    model = randomize(StableAudio3DiTModel(
+        io_channels=4, embed_dim=32, depth=2, num_heads=2, cond_token_dim=8, global_cond_dim=8, local_add_cond_dim=4,
+        timestep_features_dim=16, num_memory_tokens=2, use_differential_attention=True))
+    rot_dim = model.rotary_pos_emb(4, "cpu").shape[-1]
+    assert rot_dim < model.config.embed_dim // model.config.num_heads  # partial: a pass-through is left
+    inputs = dict(hidden_states=torch.randn(1, 4, 12), timestep=torch.rand(1),
+                  encoder_hidden_states=torch.randn(1, 5, 8), global_hidden_states=torch.randn(1, 8))
+    check(model, inputs, 4 * count(model, StableAudio3SelfAttention), route)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_longcat_audio(route):
+    """LongCat-Audio: _apply_rotary_emb (rotate-half by chunk, fp32) on q and k of each self-attention and on
+    q (audio positions) and k (prompt positions) of each cross-attention."""
+    from diffusers import LongCatAudioDiTTransformer
+    from diffusers.models.transformers.transformer_longcat_audio_dit import AudioDiTAttention
+
+    model = randomize(LongCatAudioDiTTransformer(dit_dim=32, dit_depth=2, dit_heads=2, dit_text_dim=8, latent_dim=4))
+    inputs = dict(hidden_states=torch.randn(1, 10, 4), encoder_hidden_states=torch.randn(1, 5, 8),
+                  encoder_attention_mask=torch.ones(1, 5, dtype=torch.bool), timestep=torch.rand(1),
+                  latent_cond=torch.randn(1, 10, 4))
+    check(model, inputs, 2 * count(model, AudioDiTAttention), route)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_nucleus_moe(route):
+    """NucleusMoEAttnProcessor2_0: _apply_rotary_emb_nucleus(use_real=False) on the image q and k and the text
+    k of every block (dense blocks here: the MoE routing is no RoPE matter)."""
+    from diffusers import NucleusMoEImageTransformer2DModel
+    from diffusers.models.transformers.transformer_nucleusmoe_image import NucleusMoEImageTransformerBlock
+
+    model = randomize(NucleusMoEImageTransformer2DModel(
+        patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=2,
+        joint_attention_dim=16, axes_dims_rope=(4, 6, 6), moe_enabled=False))
+    inputs = dict(hidden_states=torch.randn(1, 16, 16), img_shapes=[(1, 4, 4)],
+                  encoder_hidden_states=torch.randn(1, 5, 16), encoder_hidden_states_mask=torch.ones(1, 5),
+                  timestep=torch.rand(1))
+    check(model, inputs, 3 * count(model, NucleusMoEImageTransformerBlock), route)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_helios(route):
+    """apply_rotary_emb_transposed (Wan's form, table slices taken at each use) on q and k of each block's
+    self-attention (the cross-attention has none)."""
+    from diffusers import HeliosTransformer3DModel
+    from diffusers.models.transformers.transformer_helios import HeliosTransformerBlock
+
+    model = randomize(HeliosTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4, text_dim=8,
+        freq_dim=16, ffn_dim=32, num_layers=2, rope_dim=(4, 4, 4)))
+    inputs = dict(hidden_states=torch.randn(1, 4, 2, 4, 4), timestep=torch.tensor([500]),
+                  encoder_hidden_states=torch.randn(1, 5, 8))
+    check(model, inputs, 2 * count(model, HeliosTransformerBlock), route)
+
+
+def test_kandinsky5():
+    """Kandinsky5AttnProcessor's nested apply_rotary ((rope * x_).sum(-1), 2x2 matrices) on q and k of every
+    self-attention, text encoder and visual decoder blocks. aten route only: on Inductor's routes its
+    fp32 -> bf16 -> fp32 round trip after the product is dropped by Inductor's codegen (plain torch.compile
+    too), which is no RoPE matter."""
+    from diffusers import Kandinsky5Transformer3DModel
+    from diffusers.models.transformers.transformer_kandinsky import (Kandinsky5TransformerDecoderBlock,
+                                                                     Kandinsky5TransformerEncoderBlock)
+
+    model = randomize(Kandinsky5Transformer3DModel(
+        in_visual_dim=4, in_text_dim=8, in_text_dim2=8, time_dim=16, out_visual_dim=4, patch_size=(1, 2, 2),
+        model_dim=32, ff_dim=64, num_text_blocks=1, num_visual_blocks=1, axes_dims=(4, 6, 6)))
+    inputs = dict(hidden_states=torch.randn(1, 1, 4, 4, 4), encoder_hidden_states=torch.randn(1, 5, 8),
+                  timestep=torch.rand(1), pooled_projections=torch.randn(1, 8),
+                  visual_rope_pos=(torch.arange(1), torch.arange(2), torch.arange(2)), text_rope_pos=torch.arange(5))
+    blocks = count(model, Kandinsky5TransformerEncoderBlock) + count(model, Kandinsky5TransformerDecoderBlock)
+    check(model, inputs, 2 * blocks)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_joyimage(route):
+    """JoyImage's _apply_rotary_emb (interleaved, rotation of x.float()) on the image q and k of every block
+    (no text tables without a text rope size: ``get_rotary_pos_embed`` returns ``(vis_freqs, None)``)."""
+    from diffusers import JoyImageEditTransformer3DModel
+    from diffusers.models.transformers.transformer_joyimage import JoyImageTransformerBlock
+
+    model = randomize(JoyImageEditTransformer3DModel(
+        patch_size=[1, 2, 2], in_channels=4, out_channels=4, hidden_size=32, num_attention_heads=2, text_dim=8,
+        num_layers=2, rope_dim_list=[4, 6, 6]))
+    inputs = dict(hidden_states=torch.randn(1, 4, 1, 4, 4), timestep=torch.rand(1),
+                  encoder_hidden_states=torch.randn(1, 5, 8))
+    check(model, inputs, 2 * count(model, JoyImageTransformerBlock), route)
+
+
+def test_ideogram4():
+    """Ideogram4AttnProcessor: ``(query * cos) + (_rotate_half(query) * sin)`` (rotate-half by slices, in x's
+    dtype, MRoPE tables ``[B, L, 1, D]``) on q and k of every block. aten route only: on Inductor's routes
+    plain torch.compile itself is ~5e-3 off eager on this model (outputs ~35), no RoPE matter."""
+    from diffusers import Ideogram4Transformer2DModel
+    from diffusers.models.transformers import transformer_ideogram4
+
+    model = randomize(Ideogram4Transformer2DModel(
+        in_channels=4, num_layers=2, attention_head_dim=32, num_attention_heads=2, intermediate_size=32, adaln_dim=16,
+        llm_features_dim=8, rope_theta=10000, mrope_section=(6, 5, 5)))
+    L = 10
+    indicator = torch.tensor([[transformer_ideogram4.LLM_TOKEN_INDICATOR] * 4
+                              + [transformer_ideogram4.OUTPUT_IMAGE_INDICATOR] * 6])
+    position_ids = torch.stack([torch.zeros(L), torch.arange(L) % 3, torch.arange(L) // 3], -1).long()[None]
+    inputs = dict(hidden_states=torch.randn(1, L, 4), timestep=torch.rand(1),
+                  encoder_hidden_states=torch.randn(1, L, 8), position_ids=position_ids,
+                  segment_ids=torch.zeros(1, L, dtype=torch.long), indicator=indicator)
+    check(model, inputs, 2 * model.config.num_layers)

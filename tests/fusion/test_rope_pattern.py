@@ -10,7 +10,7 @@ import torch
 from diffusers.models.embeddings import apply_rotary_emb, get_1d_rotary_pos_embed
 
 from tests.fusion.pattern_checks import assert_matches, assert_ops_gone, compile_and_run, double, fused
-from tests.references import wan_rope
+from tests.references import rope_ref, wan_rope
 
 DTYPES = [torch.float32, torch.bfloat16]
 ROPE_CHAIN = ("aten.neg.default", "aten.unbind.int", "aten.cat.default")
@@ -746,3 +746,570 @@ def test_mochi_rope_other_table_shapes():
     b, out, eager = compile_and_run(mochi_rope, x, cos, sin, inductor=False)
     assert fused(b, "rope") == 1
     assert_matches(out, eager, ref64=mochi_ref64(x, cos, sin))
+
+
+# --- rotate-half by slices / chunk + cat (Cosmos3, Ideogram4, LongCat-Audio) ------------------------------
+
+
+def cosmos3_rotate_half(x):
+    """Verbatim transformer_cosmos3._rotate_half (Ideogram4's is the same)."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def cosmos3_rope(q, k, cos, sin):
+    """Cosmos3PackedMoTAttnProcessor: q / k ``[N, H, D]`` (one packed sequence), tables ``[N, D]``
+    unsqueezed to ``[N, 1, D]``, math in x's dtype."""
+    cos = cos.unsqueeze(1)
+    sin = sin.unsqueeze(1)
+    q = q * cos + cosmos3_rotate_half(q) * sin
+    k = k * cos + cosmos3_rotate_half(k) * sin
+    return q, k
+
+
+def ideogram4_rope(query, key, cos, sin):
+    """Ideogram4AttnProcessor: ``[B, L, H, D]``, tables ``[B, L, D]`` unsqueezed at 2."""
+    cos = cos.unsqueeze(2)
+    sin = sin.unsqueeze(2)
+    query = (query * cos) + (cosmos3_rotate_half(query) * sin)
+    key = (key * cos) + (cosmos3_rotate_half(key) * sin)
+    return query, key
+
+
+def longcat_rotate_half(hidden_states):
+    """Verbatim transformer_longcat_audio_dit._rotate_half."""
+    first, second = hidden_states.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+def longcat_rope(hidden_states, cos, sin):
+    """transformer_longcat_audio_dit._apply_rotary_emb (its ``.to(device)`` no-ops dropped): tables ``[S, D]``."""
+    cos = cos[None, :, None]
+    sin = sin[None, :, None]
+    return (hidden_states.float() * cos + longcat_rotate_half(hidden_states).float() * sin).to(hidden_states.dtype)
+
+
+def half_ref64(x, cos, sin, rotary_dim=None):
+    """float64 rotate-half RoPE on x[..., :R] (R = the tables' width), the rest as it is."""
+    return rope_ref(x, cos, sin, False, rotary_dim=rotary_dim)
+
+
+ROUTES = [pytest.param(dict(inductor=False), id="aten"), pytest.param({}, id="default")]
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_cosmos3_rope_fuses(dtype, route, error_logs):
+    """Rank-3 x (no batch dim), tables in x's dtype (Cosmos3's rotary embedding returns them so; fp32 tables
+    with a bf16 x would give an fp32 result, see the lookalike test)."""
+    N, H, D = 7, 3, 16
+    q, k = torch.randn(N, H, D, dtype=dtype), torch.randn(N, H, D, dtype=dtype)
+    cos, sin = torch.randn(N, D, dtype=dtype), torch.randn(N, D, dtype=dtype)
+    b, out, eager = compile_and_run(cosmos3_rope, q, k, cos, sin, **route)
+    assert b.stats.patterns["rope"] == 2 and fused(b, "rope") == 2, b.stats.patterns
+    assert b.stats.patterns["mul_add"] == 0
+    assert_ops_gone(b, "aten.cat.default", "aten.neg.default")
+    refs = tuple(half_ref64(t, cos[:, None], sin[:, None]) for t in (q, k))
+    assert_matches(out, eager, scale=8.0, ref64=refs)
+    assert not error_logs, [r.getMessage() for r in error_logs]
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_ideogram4_rope_fuses(dtype, route, error_logs):
+    B, L, H, D = 2, 6, 2, 24
+    q, k = torch.randn(B, L, H, D, dtype=dtype), torch.randn(B, L, H, D, dtype=dtype)
+    cos, sin = torch.randn(B, L, D, dtype=dtype), torch.randn(B, L, D, dtype=dtype)
+    b, out, eager = compile_and_run(ideogram4_rope, q, k, cos, sin, **route)
+    assert b.stats.patterns["rope"] == 2 and fused(b, "rope") == 2, b.stats.patterns
+    assert_ops_gone(b, "aten.cat.default", "aten.neg.default")
+    refs = tuple(half_ref64(t, cos[:, :, None], sin[:, :, None]) for t in (q, k))
+    assert_matches(out, eager, scale=8.0, ref64=refs)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("tables_dtype", ["fp32", "x"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_longcat_audio_rope_fuses(dtype, tables_dtype, route, error_logs):
+    """Tables ``[S, D]`` (LongCat-Audio's rotary embedding casts them to x's dtype; fp32 works too)."""
+    B, S, H, D = 2, 9, 2, 16
+    x = torch.randn(B, S, H, D, dtype=dtype)
+    cos, sin = torch.randn(S, D), torch.randn(S, D)
+    if tables_dtype == "x":
+        cos, sin = cos.to(dtype), sin.to(dtype)
+    b, out, eager = compile_and_run(longcat_rope, x, cos, sin, **route)
+    assert b.stats.patterns["rope"] == 1 and fused(b, "rope") == 1, b.stats.patterns
+    assert_ops_gone(b, "aten.cat.default", "aten.neg.default")
+    assert_matches(out, eager, scale=4.0, ref64=half_ref64(x, cos[None, :, None], sin[None, :, None]))
+    assert not error_logs, [r.getMessage() for r in error_logs]
+
+
+def rotate_half_chunk_inline(x, cos, sin):
+    """The inline chunk rotation (``x1, x2 = x.chunk(2, dim=-1)``; ``rot = torch.cat((-x2, x1), dim=-1)``)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    rot = torch.cat((-x2, x1), dim=-1)
+    return x * cos + rot * sin
+
+
+def rotate_half_slices_fp32(x, cos, sin):
+    """Slices ``x[..., : d // 2]``, ``x[..., d // 2 :]`` in fp32 (``.float()`` on x), cast back."""
+    d = x.shape[-1]
+    rot = torch.cat((-x[..., d // 2 :], x[..., : d // 2]), dim=-1)
+    return (x.float() * cos + rot.float() * sin).to(x.dtype)
+
+
+HALF_LAYOUTS = {  # x layout, tables shape (S = 7, D = 12, B = 2)
+    "BSHD_S1D": ("BSHD", (7, 1, 12)),
+    "BSHD_1S1D": ("BSHD", (1, 7, 1, 12)),
+    "BSHD_BS1D": ("BSHD", (2, 7, 1, 12)),
+    "BHSD_SD": ("BHSD", (7, 12)),
+    "BHSD_B1SD": ("BHSD", (2, 1, 7, 12)),
+    "BHSD_view_11SD": ("BHSD_view", (1, 1, 7, 12)),
+}
+
+
+@pytest.mark.parametrize("layout", list(HALF_LAYOUTS))
+@pytest.mark.parametrize("fn", [rotate_half_chunk_inline, rotate_half_slices_fp32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_rotate_half_layouts_fuse(dtype, fn, layout):
+    """Both rotate-half spellings over the table layouts models use, x [B, S, H, D] or [B, H, S, D] (also a
+    transposed view of [B, S, H, D]); tables in x's dtype (the form without casts needs them so)."""
+    kind, cs_shape = HALF_LAYOUTS[layout]
+    B, S, H, D = 2, 7, 3, 12
+    if kind == "BSHD":
+        x = torch.randn(B, S, H, D, dtype=dtype)
+    elif kind == "BHSD":
+        x = torch.randn(B, H, S, D, dtype=dtype)
+    else:
+        x = torch.randn(B, S, H, D, dtype=dtype).transpose(1, 2)
+    cos, sin = torch.randn(cs_shape).to(dtype), torch.randn(cs_shape).to(dtype)
+    b, out, eager = compile_and_run(fn, x, cos, sin, inductor=False)
+    assert b.stats.patterns["rope"] == 1 and fused(b, "rope") == 1, b.stats.patterns
+    assert_ops_gone(b, "aten.cat.default", "aten.neg.default")
+    assert_matches(out, eager, scale=8.0, ref64=half_ref64(x, cos, sin))
+
+
+def test_rotate_half_sources_are_the_op():
+    """The copies above are diffusers' functions (the module's own, where importable) and the op's math."""
+    from diffusers.models.transformers import transformer_cosmos3, transformer_ideogram4, transformer_longcat_audio_dit
+
+    x = torch.randn(2, 5, 3, 12)
+    for fn in (transformer_cosmos3._rotate_half, transformer_ideogram4._rotate_half,
+               transformer_longcat_audio_dit._rotate_half):
+        torch.testing.assert_close(fn(x), cosmos3_rotate_half(x), rtol=0, atol=0)
+    cos, sin = torch.randn(5, 12), torch.randn(5, 12)
+    torch.testing.assert_close(transformer_longcat_audio_dit._apply_rotary_emb(x, (cos, sin)),
+                               longcat_rope(x, cos, sin), rtol=0, atol=0)
+
+
+def lookalike_half_wrong_order(x, cos, sin):
+    """``cat((x2, -x1))``: the inverse rotation's sign placement."""
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((second, -first), dim=-1) * sin
+
+
+def lookalike_half_slice_from_1(x, cos, sin):
+    """The second half read from one element later (``x[..., h + 1:]`` padded back): not rotate-half."""
+    half = x.shape[-1] // 2
+    second = torch.cat((x[..., half + 1 :], x[..., :1]), dim=-1)
+    return x * cos + torch.cat((-second, x[..., :half]), dim=-1) * sin
+
+
+def lookalike_half_no_neg(x, cos, sin):
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def lookalike_half_tables_swapped(x, cos, sin):
+    return x * sin + cosmos3_rotate_half(x) * cos * 2
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("fn", [lookalike_half_wrong_order, lookalike_half_slice_from_1, lookalike_half_no_neg,
+                                lookalike_half_tables_swapped])
+def test_rotate_half_lookalikes_stay_unfused(fn, route, error_logs):
+    x = torch.randn(2, 5, 2, 8)
+    cos, sin = torch.randn(1, 5, 1, 8), torch.randn(1, 5, 1, 8)
+    b, out, eager = compile_and_run(fn, x, cos, sin, **route)
+    assert b.stats.patterns["rope"] == 0 and fused(b, "rope") == 0
+    assert_matches(out, eager)
+    assert not error_logs, [r.getMessage() for r in error_logs]
+
+
+def test_rotate_half_without_casts_and_fp32_tables_stays_unfused():
+    """bf16 x times fp32 tables with no cast back: the result is fp32, which the op (x's dtype) does not give."""
+    x = torch.randn(2, 5, 2, 8, dtype=torch.bfloat16)
+    cos, sin = torch.randn(1, 5, 1, 8), torch.randn(1, 5, 1, 8)
+    b, out, eager = compile_and_run(lambda x, c, s: x * c + cosmos3_rotate_half(x) * s, x, cos, sin, inductor=False)
+    assert fused(b, "rope") == 0 and out.dtype == torch.float32
+    torch.testing.assert_close(out, eager)
+
+
+# --- partial rotary (MiniMax-H3, MiniMax-Music3, Ernie-Image, Stable Audio 3) -----------------------------
+
+
+def minimax_h3_rope(hidden_states, cos, sin):
+    """Verbatim transformer_minimax_h3._apply_rotary_emb: tables ``[S, R]``, the first R channels rotated."""
+    rotary_dim = cos.shape[-1]
+    hidden_states_rotary = hidden_states[..., :rotary_dim]
+    hidden_states_pass = hidden_states[..., rotary_dim:]
+
+    cos = cos.to(hidden_states.dtype)[None, :, None, :]
+    sin = sin.to(hidden_states.dtype)[None, :, None, :]
+    x1, x2 = hidden_states_rotary.chunk(2, dim=-1)
+    hidden_states_rotated = torch.cat((-x2, x1), dim=-1)
+    hidden_states_rotary = hidden_states_rotary * cos + hidden_states_rotated * sin
+    return torch.cat((hidden_states_rotary, hidden_states_pass), dim=-1).contiguous()
+
+
+def minimax_music3_rope(hidden_states, rotary_emb):
+    """Verbatim transformer_minimax_music3._apply_partial_rotary_emb: tables ``[S, R]`` -> ``[S, 1, R]``."""
+    cos, sin = rotary_emb
+    rotary_dim = cos.shape[-1]
+    cos = cos[:, None, :].to(hidden_states.dtype)
+    sin = sin[:, None, :].to(hidden_states.dtype)
+    rotated = hidden_states[..., :rotary_dim]
+    half_first, half_second = rotated.chunk(2, dim=-1)
+    rotate_half = torch.cat((-half_second, half_first), dim=-1)
+    rotated = rotated * cos + rotate_half * sin
+    return torch.cat((rotated, hidden_states[..., rotary_dim:]), dim=-1)
+
+
+def ernie_rope(x_in, freqs_cis):
+    """Verbatim the nested apply_rotary_emb of ErnieImageAttnProcessor: angles ``[B, S, 1, R]``, cos / sin of
+    them in x's dtype inside."""
+    rot_dim = freqs_cis.shape[-1]
+    x, x_pass = x_in[..., :rot_dim], x_in[..., rot_dim:]
+    cos_ = torch.cos(freqs_cis).to(x.dtype)
+    sin_ = torch.sin(freqs_cis).to(x.dtype)
+    # Non-interleaved rotate_half: [-x2, x1]
+    x1, x2 = x.chunk(2, dim=-1)
+    x_rotated = torch.cat((-x2, x1), dim=-1)
+    return torch.cat((x * cos_ + x_rotated * sin_, x_pass), dim=-1)
+
+
+def stable_audio3_rotate_half(x):
+    """Verbatim transformer_stable_audio3._rotate_half."""
+    x = x.unflatten(-1, (2, -1))
+    x1, x2 = x.unbind(-2)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def stable_audio3_rope(t, freqs):
+    """Verbatim transformer_stable_audio3._apply_rotary_partial: angles ``[S_max, R]``, fp32 math."""
+    rot_dim = freqs.shape[-1]
+    out_dtype = t.dtype
+    t_rot, t_pass = t[..., :rot_dim], t[..., rot_dim:]
+    t_rot = t_rot.float()
+    freqs = freqs[-t_rot.shape[-3] :].float().unsqueeze(1)  # (seq_len, 1, rot_dim) broadcasts over heads
+    t_rot = t_rot * freqs.cos() + stable_audio3_rotate_half(t_rot) * freqs.sin()
+    return torch.cat((t_rot.to(out_dtype), t_pass), dim=-1)
+
+
+def qk(fn):
+    def both(q, k, *tables):
+        return fn(q, *tables), fn(k, *tables)
+    both.__name__ = fn.__name__ + "_qk"
+    return both
+
+
+def partial_case(name, dtype, D, R):
+    """(function of q, k, tables; inputs; float64 references) for one source form."""
+    B, S, H = 2, 7, 3
+    q, k = torch.randn(B, S, H, D, dtype=dtype), torch.randn(B, S, H, D, dtype=dtype)
+    if name == "minimax_h3":
+        cos, sin = torch.randn(S, R), torch.randn(S, R)
+        c, s = cos.to(dtype)[None, :, None], sin.to(dtype)[None, :, None]
+        return qk(minimax_h3_rope), (q, k, cos, sin), c, s
+    if name == "minimax_music3":
+        cos, sin = torch.randn(S, R), torch.randn(S, R)
+        c, s = cos.to(dtype)[:, None], sin.to(dtype)[:, None]
+        return qk(lambda x, c_, s_: minimax_music3_rope(x, (c_, s_))), (q, k, cos, sin), c, s
+    if name == "ernie":
+        freqs = torch.rand(B, S, 1, R) * 6
+        return qk(ernie_rope), (q, k, freqs), freqs.cos().to(dtype), freqs.sin().to(dtype)
+    freqs = torch.rand(S + 3, R) * 6  # stable_audio3
+    f = freqs[-S:].unsqueeze(1)
+    return qk(stable_audio3_rope), (q, k, freqs), f.cos(), f.sin()
+
+
+PARTIAL_SOURCES = ["minimax_h3", "minimax_music3", "ernie", "stable_audio3"]
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("D,R", [(16, 8), (20, 12), (16, 16)], ids=["R=D/2", "R=12_of_20", "R=D"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", PARTIAL_SOURCES)
+def test_partial_rotary_fuses(name, dtype, D, R, route, error_logs):
+    """Each source's function on q and k: one fusegraph.rope(..., rotary_dim=R) each, also with R = D (Ernie's
+    tables are as wide as the head: an empty pass-through)."""
+    fn, inputs, cos, sin = partial_case(name, dtype, D, R)
+    b, out, eager = compile_and_run(fn, *inputs, **route)
+    assert b.stats.patterns["rope"] == 2 and fused(b, "rope") == 2, b.stats.patterns
+    assert b.stats.patterns["mul_add"] == 0
+    assert_ops_gone(b, "aten.neg.default")
+    refs = tuple(half_ref64(t, cos, sin, rotary_dim=R) for t in inputs[:2])
+    assert_matches(out, eager, scale=8.0, ref64=refs)
+    assert not error_logs, [r.getMessage() for r in error_logs]
+
+
+def test_partial_sources_are_diffusers():
+    """The copies above are diffusers' functions."""
+    from diffusers.models.transformers import (transformer_minimax_h3, transformer_minimax_music3,
+                                               transformer_stable_audio3)
+
+    x = torch.randn(2, 5, 3, 20)
+    cos, sin = torch.randn(5, 12), torch.randn(5, 12)
+    torch.testing.assert_close(minimax_h3_rope(x, cos, sin), transformer_minimax_h3._apply_rotary_emb(x, cos, sin),
+                               rtol=0, atol=0)
+    torch.testing.assert_close(minimax_music3_rope(x, (cos, sin)),
+                               transformer_minimax_music3._apply_partial_rotary_emb(x, (cos, sin)), rtol=0, atol=0)
+    freqs = torch.rand(8, 12)
+    torch.testing.assert_close(stable_audio3_rope(x, freqs), transformer_stable_audio3._apply_rotary_partial(x, freqs),
+                               rtol=0, atol=0)
+
+
+def lookalike_partial_wrong_order(x, cos, sin):
+    """``cat((x2, -x1))`` on the rotated part."""
+    r = cos.shape[-1]
+    x_rot, x_pass = x[..., :r], x[..., r:]
+    x1, x2 = x_rot.chunk(2, dim=-1)
+    return torch.cat((x_rot * cos + torch.cat((x2, -x1), dim=-1) * sin, x_pass), dim=-1)
+
+
+def lookalike_partial_pass_not_the_rest(x, cos, sin):
+    """The pass-through skips a channel and repeats the last one: not ``x[..., R:]``."""
+    r = cos.shape[-1]
+    x_rot, x_pass = x[..., :r], x[..., r + 1 :]
+    x1, x2 = x_rot.chunk(2, dim=-1)
+    return torch.cat((x_rot * cos + torch.cat((-x2, x1), dim=-1) * sin, x_pass, x[..., -1:]), dim=-1)
+
+
+def lookalike_partial_pass_other_tensor(x, cos, sin, other):
+    r = cos.shape[-1]
+    x_rot = x[..., :r]
+    x1, x2 = x_rot.chunk(2, dim=-1)
+    return torch.cat((x_rot * cos + torch.cat((-x2, x1), dim=-1) * sin, other[..., r:]), dim=-1)
+
+
+def lookalike_partial_from_the_end(x, cos, sin):
+    """The rotated part is the last R channels, passed-through first."""
+    r = cos.shape[-1]
+    x_rot, x_pass = x[..., -r:], x[..., :-r]
+    x1, x2 = x_rot.chunk(2, dim=-1)
+    return torch.cat((x_pass, x_rot * cos + torch.cat((-x2, x1), dim=-1) * sin), dim=-1)
+
+
+def lookalike_partial_rotated_from_1(x, cos, sin):
+    """The rotated part starts one channel in (``x[..., 1:R + 1]``), the pass-through keeps the rest."""
+    r = cos.shape[-1]
+    x_rot, x_pass = x[..., 1 : r + 1], torch.cat((x[..., :1], x[..., r + 1 :]), dim=-1)
+    x1, x2 = x_rot.chunk(2, dim=-1)
+    return torch.cat((x_rot * cos + torch.cat((-x2, x1), dim=-1) * sin, x_pass), dim=-1)
+
+
+def lookalike_partial_mismatched_widths(x, cos, sin):
+    """Rotated part R wide (the tables' width), pass-through from R + 2: channels R, R + 1 dropped."""
+    r = cos.shape[-1]
+    x_rot, x_pass = x[..., :r], x[..., r + 2 :]
+    x1, x2 = x_rot.chunk(2, dim=-1)
+    return torch.cat((x_rot * cos + torch.cat((-x2, x1), dim=-1) * sin, x_pass), dim=-1)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("fn", [lookalike_partial_wrong_order, lookalike_partial_pass_not_the_rest,
+                                lookalike_partial_pass_other_tensor, lookalike_partial_from_the_end,
+                                lookalike_partial_rotated_from_1, lookalike_partial_mismatched_widths])
+def test_partial_lookalikes_stay_unfused(fn, route, error_logs):
+    """None of these may become rope(rotary_dim=R). Where the inner ``x_rot * cos + rot(x_rot) * sin`` is a
+    correct rotate-half of a slice, the full-width form may fuse that part alone (the output stays right)."""
+    x = torch.randn(2, 5, 2, 16)
+    cos, sin = torch.randn(1, 5, 1, 8), torch.randn(1, 5, 1, 8)
+    args = (x, cos, sin, torch.randn(2, 5, 2, 16)) if fn is lookalike_partial_pass_other_tensor else (x, cos, sin)
+    b, out, eager = compile_and_run(fn, *args, **route)
+    assert b.stats.patterns["rope"] == fused(b, "rope")
+    assert b.all_ops["aten.cat.default"] >= 1  # the pass-through's cat: no rope(rotary_dim=R) took it
+    if fn is lookalike_partial_wrong_order:
+        assert fused(b, "rope") == 0
+    assert_matches(out, eager)
+    assert not error_logs, [r.getMessage() for r in error_logs]
+
+
+# --- other sources over diffusers' transformers: each module's own function where importable ----------------
+
+
+def cplx_freqs(*shape, dtype=torch.complex64):
+    """Unit-modulus complex tables (random angles), as the complex forms' rotary embeddings build them."""
+    return torch.polar(torch.ones(*shape, dtype=torch.float64), torch.rand(*shape, dtype=torch.float64) * 6).to(dtype)
+
+
+def kandinsky5_rope(x, rope):
+    """Verbatim the nested apply_rotary of Kandinsky5AttnProcessor (transformer_kandinsky.py)."""
+    x_ = x.reshape(*x.shape[:-1], -1, 1, 2).to(torch.float32)
+    x_out = (rope * x_).sum(dim=-1)
+    return x_out.reshape(*x.shape).to(torch.bfloat16)
+
+
+def kandinsky5_qk(q, k, rope):
+    """The processor's calls: ``apply_rotary(query, rotary_emb).type_as(query)`` (and key)."""
+    return kandinsky5_rope(q, rope).type_as(q), kandinsky5_rope(k, rope).type_as(k)
+
+
+def kandinsky_tables(B, S, D):
+    """``stack([cos, -sin, sin, cos]).view(2, 2)`` per pair, ``unsqueeze(-4)`` over the heads: [B, S, 1, D/2, 2, 2]."""
+    args = torch.rand(B, S, D // 2) * 6
+    rope = torch.stack([args.cos(), -args.sin(), args.sin(), args.cos()], dim=-1)
+    return rope.view(*rope.shape[:-1], 2, 2).unsqueeze(-4)
+
+
+def matrix_ref64(x, m):
+    """float64 ``out[2i + r] = sum_c m[i, r, c] x[2i + c]``."""
+    return (m.double() * x.double().unflatten(-1, (-1, 1, 2))).sum(-1).flatten(-2)
+
+
+def other_case(name, dtype):
+    """(function, inputs, float64 reference of each output) for one source."""
+    from diffusers.models.transformers import (transformer_anyflow, transformer_helios, transformer_joyimage,
+                                               transformer_joyimage_edit_plus, transformer_kandinsky6,
+                                               transformer_nucleusmoe_image, transformer_prx, transformer_qwenimage21)
+
+    torch.manual_seed(0)
+    B, S, H, D = 2, 6, 2, 16
+    q, k = torch.randn(B, S, H, D, dtype=dtype), torch.randn(B, S, H, D, dtype=dtype)
+
+    def complex_ref(x, f):  # f broadcast to x's pairs
+        f = torch.view_as_real(f.to(torch.complex128))
+        c, s = (t.repeat_interleave(2, -1) for t in (f[..., 0], f[..., 1]))
+        return rope_ref(x, c, s, True)
+
+    if name in ("nucleus", "qwenimage21"):  # freqs [S, D/2], unsqueezed at 1 inside
+        fn = transformer_nucleusmoe_image._apply_rotary_emb_nucleus if name == "nucleus" else \
+            transformer_qwenimage21.apply_rotary_emb_qwen
+        f = cplx_freqs(S, D // 2)
+        return (lambda q, k, f: (fn(q, f, use_real=False), fn(k, f, use_real=False))), (q, k, f), \
+            tuple(complex_ref(t, f.unsqueeze(1)) for t in (q, k))
+    if name == "bria_fibo2":
+        def apply_rotary_emb(x_in, freqs_cis):  # verbatim, nested in BriaFibo2AttnProcessor
+            x = torch.view_as_complex(x_in.float().reshape(*x_in.shape[:-1], -1, 2))
+            x_out = torch.view_as_real(x * freqs_cis.unsqueeze(2)).flatten(3)
+            return x_out.type_as(x_in)
+        f = cplx_freqs(B, S, D // 2)
+        return qk(apply_rotary_emb), (q, k, f), tuple(complex_ref(t, f.unsqueeze(2)) for t in (q, k))
+    if name == "anyflow":  # complex128 tables [S, 1, D/2], float64 math
+        f = cplx_freqs(S, 1, D // 2, dtype=torch.complex128)
+        return qk(transformer_anyflow.apply_rotary_emb), (q, k, f), tuple(complex_ref(t, f) for t in (q, k))
+    if name in ("joyimage", "joyimage_edit_plus"):
+        if name == "joyimage":  # tables [S, D] viewed to [1, S, 1, D] inside
+            cos, sin = torch.randn(S, D), torch.randn(S, D)
+            fn, c, s = transformer_joyimage._apply_rotary_emb, cos[None, :, None], sin[None, :, None]
+        else:  # batched tables [B, S, D] unsqueezed at 2 inside
+            cos, sin = torch.randn(B, S, D), torch.randn(B, S, D)
+            fn, c, s = transformer_joyimage_edit_plus._apply_rotary_emb_batched, cos[:, :, None], sin[:, :, None]
+        return (lambda q, k, cos, sin: fn(q, k, (cos, sin))), (q, k, cos, sin), \
+            tuple(rope_ref(t, c, s, True) for t in (q, k))
+    if name in ("kandinsky5", "kandinsky6"):
+        rope = kandinsky_tables(B, S, D)
+        fn = kandinsky5_qk if name == "kandinsky5" else qk(transformer_kandinsky6.apply_rotary)
+        refs = tuple(matrix_ref64(t, rope) for t in (q, k))
+        if name == "kandinsky5":  # the source rounds to bf16 whatever x is: so does the reference
+            refs = tuple(r.to(torch.bfloat16).double() for r in refs)
+        return fn, (q, k, rope), refs
+    if name == "prx":  # x [B, H, S, D], freqs_cis [B, 1, S, D/2, 2, 2]
+        qh, kh = q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous()
+        rope = kandinsky_tables(B, S, D).transpose(1, 2)
+        return qk(transformer_prx.apply_rope), (qh, kh, rope), tuple(matrix_ref64(t, rope) for t in (qh, kh))
+    if name == "sana_wm":  # q / k [B, N, H, D] permuted to (B, H, D, N), as SanaWM's linear attention does
+        from diffusers.models.transformers import transformer_sana_wm
+
+        f = cplx_freqs(1, 1, S, D // 2)
+
+        def sana_wm(q, k, f):
+            q, k = q.permute(0, 2, 3, 1), k.permute(0, 2, 3, 1)
+            return transformer_sana_wm._apply_rotary_emb(q, f), transformer_sana_wm._apply_rotary_emb(k, f)
+
+        return sana_wm, (q, k, f), tuple(complex_ref(t.permute(0, 2, 1, 3), f).permute(0, 1, 3, 2) for t in (q, k))
+    assert name == "helios"  # freqs_cis [B, S, 2D]: cos | sin, each repeat-interleaved per pair
+    angles = (torch.rand(B, S, D // 2) * 6).repeat_interleave(2, -1)
+    freqs_cis = torch.cat([angles.cos(), angles.sin()], dim=-1)
+    c, s = angles.cos()[:, :, None], angles.sin()[:, :, None]
+    return qk(transformer_helios.apply_rotary_emb_transposed), (q, k, freqs_cis), \
+        tuple(rope_ref(t, c, s, True) for t in (q, k))
+
+
+OTHER_SOURCES = ["nucleus", "qwenimage21", "bria_fibo2", "anyflow", "joyimage", "joyimage_edit_plus", "kandinsky5",
+                 "kandinsky6", "prx", "helios", "sana_wm"]
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", OTHER_SOURCES)
+def test_other_sources_fuse(name, dtype, route, error_logs):
+    """q and k through each source's function: two fusegraph.rope, the output equal to eager (and to the
+    float64 math). Kandinsky 5 rounds its result to bf16 and back whatever x is: that stays, outside the op."""
+    fn, inputs, refs = other_case(name, dtype)
+    b, out, eager = compile_and_run(fn, *inputs, **route)
+    assert b.stats.patterns["rope"] == 2 and fused(b, "rope") == 2, b.stats.patterns
+    assert b.stats.patterns["mul_add"] == 0
+    if name == "kandinsky5" and dtype == torch.float32 and b.config.inductor:
+        # Inductor's codegen drops an fp32 -> bf16 -> fp32 round trip (emulate_precision_casts is off): plain
+        # torch.compile gives the unrounded value too, and so does this route
+        torch._dynamo.reset()
+        with torch.no_grad():
+            eager = torch.compile(fn)(*inputs)
+        refs = tuple(matrix_ref64(t, inputs[2]) for t in inputs[:2])
+    assert_matches(out, eager, scale=8.0, ref64=refs)
+    assert not error_logs, [r.getMessage() for r in error_logs]
+
+
+def test_kandinsky5_copy_is_the_source():
+    """kandinsky5_rope above is the processor's nested function: its source line for line."""
+    import inspect
+
+    from diffusers.models.transformers import transformer_kandinsky
+
+    src = inspect.getsource(transformer_kandinsky.Kandinsky5AttnProcessor.__call__)
+    body = [line.strip() for line in inspect.getsource(kandinsky5_rope).splitlines()[2:]]
+    assert all(line in src for line in body), body
+
+
+def lookalike_matrix_transposed(x, freqs_cis):
+    """The pair's matrix applied transposed (``rope * x_`` summed over the rows, not the columns)."""
+    x_ = x.reshape(*x.shape[:-1], -1, 2, 1).float()
+    return (freqs_cis * x_).sum(dim=-2).reshape(*x.shape).to(x.dtype)
+
+
+def lookalike_helios_wrong_slices(x, freqs_cos, freqs_sin):
+    x_1, x_2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    out = torch.empty_like(x)
+    out[..., 0::2] = x_1 * freqs_cos[..., 1::2] - x_2 * freqs_sin[..., 1::2]
+    out[..., 1::2] = x_1 * freqs_sin[..., 1::2] + x_2 * freqs_cos[..., 1::2]
+    return out.type_as(x)
+
+
+def lookalike_joy_wrong_sign(x, cos, sin):
+    x_real, x_imag = x.float().reshape(*x.shape[:-1], -1, 2).unbind(-1)
+    x_rotated = torch.stack([x_imag, -x_real], dim=-1).flatten(3)
+    return (x.float() * cos + x_rotated * sin).type_as(x)
+
+
+def lookalike_anyflow_pairs_swapped(x, freqs):
+    """Each result pair written back as (imag, real)."""
+    x_rotated = torch.view_as_complex(x.to(torch.float64).unflatten(3, (-1, 2)))
+    return torch.view_as_real(x_rotated * freqs).flip(-1).flatten(3, 4).type_as(x)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("fn", [lookalike_matrix_transposed, lookalike_helios_wrong_slices, lookalike_joy_wrong_sign,
+                                lookalike_anyflow_pairs_swapped])
+def test_other_lookalikes_stay_unfused(fn, route, error_logs):
+    x = torch.randn(2, 5, 2, 8, dtype=torch.bfloat16)
+    if fn is lookalike_matrix_transposed:
+        args = (x, kandinsky_tables(2, 5, 8))
+    elif fn is lookalike_anyflow_pairs_swapped:
+        args = (x, cplx_freqs(5, 1, 4, dtype=torch.complex128))
+    else:
+        args = (x, torch.randn(1, 5, 1, 8), torch.randn(1, 5, 1, 8))
+    b, out, eager = compile_and_run(fn, *args, **route)
+    assert b.stats.patterns["rope"] == 0 and fused(b, "rope") == 0
+    assert_matches(out, eager)
+    assert not error_logs, [r.getMessage() for r in error_logs]

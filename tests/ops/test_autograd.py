@@ -59,6 +59,18 @@ def test_rope_gradcheck(interleaved, table):
     gradcheck(lambda x, c, s: fusegraph.ops.rope(x, c, s, interleaved=interleaved), [x, cos, sin])
 
 
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("table", ["S_R", "1_S_1_R", "B_S_1_R"])
+@pytest.mark.parametrize("d", [10, 9])
+def test_rope_rotary_dim_gradcheck(interleaved, table, d):
+    """Partial rotary: x [.., D] (D odd too), tables R = 4 wide; the pass-through channels' grad is g."""
+    B, S, H, R = 2, 3, 2, 4
+    x = f64(B, H, S, d) if table == "S_R" else f64(B, S, H, d)
+    shape = {"S_R": (S, R), "1_S_1_R": (1, S, 1, R), "B_S_1_R": (B, S, 1, R)}[table]
+    cos, sin = f64(*shape), f64(*shape)
+    gradcheck(lambda x, c, s: fusegraph.ops.rope(x, c, s, interleaved=interleaved, rotary_dim=R), [x, cos, sin])
+
+
 @pytest.mark.parametrize("form", ["B_1_D", "B_S_D", "D", "1_1_D"])
 @pytest.mark.parametrize("affine", ["none", "weight", "bias", "weight+bias"])
 def test_adaln_gradcheck(form, affine):
@@ -195,6 +207,23 @@ def test_rope_gradients_match_eager(dtype, interleaved, table_dtype):
     # the reference formula as the docstring states it (x.float() * cos + rot(x).float() * sin).to(x.dtype)
     ref = lambda x, c, s: rope_ref(x, c, s, interleaved) if x.dtype == torch.float64 else \
         (x.float() * c + rope_rot(x, interleaved).float() * s).to(x.dtype)
+    assert_eager_gradients(fused, ref, [x, cos, sin])
+
+
+@pytest.mark.parametrize("dtype", DT)
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_rope_rotary_dim_gradients_match_eager(dtype, interleaved):
+    B, S, H, D, R = 2, 9, 3, 40, 24
+    x = randn(B, S, H, D, dtype=dtype)
+    cos, sin = randn(1, S, 1, R), randn(1, S, 1, R)
+    fused = lambda x, c, s: fusegraph.ops.rope(x, c, s, interleaved=interleaved, rotary_dim=R)
+
+    def ref(x, c, s):
+        if x.dtype == torch.float64:
+            return rope_ref(x, c, s, interleaved, rotary_dim=R)
+        xr = x[..., :R]
+        return torch.cat([(xr.float() * c + rope_rot(xr, interleaved).float() * s).to(x.dtype), x[..., R:]], -1)
+
     assert_eager_gradients(fused, ref, [x, cos, sin])
 
 

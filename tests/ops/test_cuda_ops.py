@@ -228,6 +228,38 @@ def test_rope_strided_views(interleaved, dtype):
         assert_close_to_reference(out, rope_ref(xv, cos, sin, interleaved))
 
 
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D,R", [(128, 64), (128, 128), (96, 32), (10, 4), (9, 6), (66, 2), (130, 96)])
+def test_rope_rotary_dim(interleaved, dtype, D, R):
+    """Partial rotary: x[..., :R] rotated, x[..., R:] copied exactly. Vector widths (D, R multiples of 8),
+    widths only 2 or 1 divide (odd D: the pass-through's scalar path), R = D; [B,H,S,D] views, a misaligned
+    x, and per-batch fp32 tables on a seq-first x."""
+    B, S, H = 2, 9, 3
+    x = crandn(B, S, H, D, dtype=dtype, scale=2.0)
+    cos, sin = rope_tables(S, R, dtype)
+    per_batch = [t.expand(B, S, R)[:, :, None].float().contiguous() for t in (cos, sin)]
+    cases = [(x.transpose(1, 2), cos, sin), (misaligned(x), cos[None, :, None], sin[None, :, None]),
+             (x, *per_batch)]
+    for xv, c, s in cases:
+        out = ops.rope(xv, c, s, interleaved=interleaved, rotary_dim=R)
+        assert out.dtype == dtype and out.shape == xv.shape and out.is_contiguous()
+        assert_close_to_reference(out, rope_ref(xv, c, s, interleaved, rotary_dim=R))
+        assert torch.equal(out[..., R:], xv[..., R:])
+
+
+def test_rope_rotary_dim_matches_cpu_and_opcheck():
+    x = randn(2, 7, 3, 40, dtype=torch.bfloat16)
+    cos, sin = randn(7, 1, 24), randn(7, 1, 24)
+    for interleaved in (True, False):
+        cpu = ops.rope(x, cos, sin, interleaved=interleaved, rotary_dim=24)
+        gpu = ops.rope(x.to(CUDA), cos.to(CUDA), sin.to(CUDA), interleaved=interleaved, rotary_dim=24)
+        torch.testing.assert_close(gpu.cpu(), cpu)  # bf16 defaults: one rounding each, fma order may differ
+        assert torch.equal(gpu.cpu()[..., 24:], x[..., 24:])
+    torch.library.opcheck(ops.rope.default, (x.to(CUDA), cos.to(CUDA), sin.to(CUDA)),
+                          {"interleaved": False, "rotary_dim": 24})
+
+
 # ---------------------------------------------------------------------------------------------- gelu
 GELU = {
     "gelu_tanh": (ops.gelu_tanh, lambda x: F.gelu(x, approximate="tanh")),

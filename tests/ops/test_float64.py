@@ -51,6 +51,17 @@ def test_rope(interleaved, table_dtype):
     check(fusegraph.ops.rope(x, cos, sin, interleaved=interleaved), rope_ref(x, cos, sin, interleaved))
 
 
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("x_dtype,table_dtype", [(F64, F64), (F64, torch.float32)])
+def test_rope_rotary_dim(interleaved, x_dtype, table_dtype):
+    """Partial rotary on the float64 path: x[..., :6] rotated, x[..., 6:] (D = 11, odd) copied."""
+    x = randn(2, 4, 3, 11, dtype=x_dtype).transpose(1, 2)  # [B, H, S, D] view
+    cos, sin = randn(4, 6, dtype=table_dtype), randn(4, 6, dtype=table_dtype)
+    out = fusegraph.ops.rope(x, cos, sin, interleaved=interleaved, rotary_dim=6)
+    check(out, rope_ref(x, cos, sin, interleaved, rotary_dim=6), x_dtype)
+    assert torch.equal(out[..., 6:], x[..., 6:])
+
+
 @pytest.mark.parametrize("affine", [False, True])
 def test_adaln(affine):
     B, S, D = 2, 5, 24

@@ -90,6 +90,84 @@ def test_matches_diffusers_apply_rotary_emb(dtype, unbind_dim, sequence_dim):
     torch.testing.assert_close(out, expected, **tol)
 
 
+# --- partial rotary (rotary_dim): x[..., :R] rotated, x[..., R:] copied -----------------------------------
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("layout", list(layouts(B, 8)))
+@pytest.mark.parametrize("table_dtype", ["float32", "x"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rotary_dim_matches_float64_reference(dtype, table_dtype, layout, interleaved):
+    """D = 70, R = 36 (MiniMax-H3-like: a rotated head, a pass-through tail): every layout, both forms."""
+    x_shape, cs_shape = layouts(B, 70)[layout]
+    R = 36
+    x = randn(*x_shape, dtype=dtype, scale=2.0)
+    cos, sin = tables((*cs_shape[:-1], R), torch.float32 if table_dtype == "float32" else dtype)
+    out = fusegraph.ops.rope(x, cos, sin, interleaved=interleaved, rotary_dim=R)
+    assert out.shape == x.shape and out.dtype == dtype and out.is_contiguous()
+    ref = rope_ref(x, cos, sin, interleaved, rotary_dim=R)
+    assert_close_to_reference(out, ref)
+    assert torch.equal(out[..., R:], x[..., R:])  # copied exactly, x's dtype throughout
+    # the rotated part is the whole-width op on x[..., :R]
+    assert torch.equal(out[..., :R], fusegraph.ops.rope(x[..., :R], cos, sin, interleaved=interleaved))
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("d,r", [(3, 2), (9, 4), (10, 2), (33, 16), (70, 68), (130, 64), (258, 70), (64, 64)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rotary_dim_sizes(dtype, d, r, interleaved):
+    """Odd D (the pass-through makes it possible), R not a multiple of any vector width, R == D."""
+    x = randn(3, 5, 2, d, dtype=dtype)
+    cos, sin = tables((1, 5, 1, r))
+    out = fusegraph.ops.rope(x, cos, sin, interleaved=interleaved, rotary_dim=r)
+    assert_close_to_reference(out, rope_ref(x, cos, sin, interleaved, rotary_dim=r))
+    assert torch.equal(out[..., r:], x[..., r:])
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rotary_dim_equal_to_d_is_the_full_op(dtype, interleaved):
+    x = randn(B, S, H, 38, dtype=dtype)
+    cos, sin = tables((S, 1, 38))
+    full = fusegraph.ops.rope(x, cos, sin, interleaved=interleaved)
+    assert torch.equal(fusegraph.ops.rope(x, cos, sin, interleaved=interleaved, rotary_dim=38), full)
+    assert torch.equal(fusegraph.ops.rope(x, cos, sin, interleaved=interleaved, rotary_dim=None), full)
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rotary_dim_non_contiguous_x_and_tables(dtype, interleaved):
+    R, D = 20, 34
+    big_cos, big_sin = tables((S + 4, 2 * R))
+    cos, sin = big_cos[2 : 2 + S, ::2], big_sin[1 : 1 + S, ::2]  # row offsets and a D-strided view
+    assert not cos.is_contiguous()
+    transposed = randn(B, S, H, D, dtype=dtype).transpose(1, 2)  # [B,H,S,D] view of [B,S,H,D]
+    strided = strided_copy(randn(B, H, S, D, dtype=dtype))  # D not unit-stride
+    narrowed = randn(B, H, S, D + 6, dtype=dtype)[..., 3 : 3 + D]  # rows of D inside longer rows
+    for x in (transposed, strided, narrowed):
+        assert not x.is_contiguous()
+        out = fusegraph.ops.rope(x, cos, sin, interleaved=interleaved, rotary_dim=R)
+        assert out.is_contiguous() and out.shape == x.shape
+        assert_close_to_reference(out, rope_ref(x, cos, sin, interleaved, rotary_dim=R))
+
+
+def test_rotary_dim_matches_minimax_h3_source():
+    """transformer_minimax_h3._apply_rotary_emb (tables cast to x's dtype, rotate-half on the first R)."""
+    from diffusers.models.transformers.transformer_minimax_h3 import _apply_rotary_emb
+
+    x = randn(B, S, H, 40)
+    cos, sin = tables((S, 24))
+    expected = _apply_rotary_emb(x, cos, sin)
+    out = fusegraph.ops.rope(x, cos[None, :, None], sin[None, :, None], interleaved=False, rotary_dim=24)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_rotary_dim_empty():
+    x = torch.empty(B, 0, H, 10)
+    cos = torch.empty(1, 0, 1, 4)
+    assert fusegraph.ops.rope(x, cos, cos, rotary_dim=4).shape == x.shape
+
+
 def test_matches_wan_rope():
     # Wan's tables repeat each frequency twice (repeat_interleave(2)), so the interleaved rotation is exact.
     freqs = torch.rand(S, 32, dtype=torch.float64) * 10
@@ -129,6 +207,8 @@ def test_opcheck():
         ((randn(B, H, S, 6), cos, sin), {}),
         ((randn(B, S, H, 6, dtype=torch.bfloat16).transpose(1, 2), cos, sin), {"interleaved": False}),
         ((randn(1, S, H, 6, dtype=torch.float16), cos[None, :, None].half(), sin[None, :, None].half()), {}),
+        ((randn(B, S, H, 10), cos[None, :, None], sin[None, :, None]), {"interleaved": False, "rotary_dim": 6}),
+        ((randn(B, H, S, 9, dtype=torch.bfloat16), cos, sin), {"rotary_dim": 6}),
     ]
     for args, kwargs in samples:
         torch.library.opcheck(op, args, kwargs)
@@ -173,6 +253,44 @@ def test_bad_input_rejected(case, device):
         fusegraph.ops.rope(x, cos, sin)
 
 
+BAD_ROTARY = {  # (rotary_dim, cos/sin shape, message) for x [2, 9, 3, 8]
+    "odd": (5, (1, S, 1, 5), r"argument 'rotary_dim' is 5; expected an even width with 0 < rotary_dim <= D = 8 "
+                             r"\(x's last dim\), or None for all of D"),
+    "zero": (0, (1, S, 1, 8), r"argument 'rotary_dim' is 0; expected an even width with 0 < rotary_dim <= D = 8"),
+    "negative": (-2, (1, S, 1, 8), r"argument 'rotary_dim' is -2; expected an even width"),
+    "above D": (10, (1, S, 1, 10), r"argument 'rotary_dim' is 10; expected an even width with 0 < rotary_dim <= D = 8"),
+    "tables D wide": (4, (1, S, 1, 8), r"argument 'cos' has shape \[1, 9, 1, 8\] with last dim 8; expected rotary_dim = 4"),
+    "tables narrower": (6, (1, S, 1, 4), r"argument 'cos' has shape \[1, 9, 1, 4\] with last dim 4; expected rotary_dim = 6"),
+    "tables do not broadcast": (4, (S, 4), r"argument 'cos' has shape \[9, 4\] which does not broadcast to x's shape"),
+}
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])  # meta: the fake kernel's checks, same messages
+@pytest.mark.parametrize("case", list(BAD_ROTARY))
+def test_bad_rotary_dim_rejected(case, device):
+    rotary_dim, cs, message = BAD_ROTARY[case]
+    x, cos = torch.ones(x4, device=device), torch.ones(cs, device=device)
+    with pytest.raises(RuntimeError, match="fusegraph.rope: " + message):
+        fusegraph.ops.rope(x, cos, cos, rotary_dim=rotary_dim)
+
+
+def test_odd_d_needs_rotary_dim():
+    """An odd D is refused without rotary_dim (pairs), taken with an even rotary_dim below it."""
+    x, cos = randn(1, S, H, 7), randn(1, S, 1, 7)
+    with pytest.raises(RuntimeError, match="with odd last dim D = 7"):
+        fusegraph.ops.rope(x, cos, cos)
+    out = fusegraph.ops.rope(x, cos[..., :6], cos[..., :6], rotary_dim=6)
+    assert_close_to_reference(out, rope_ref(x, cos[..., :6], cos[..., :6], True, rotary_dim=6))
+
+
+def test_rotary_dim_must_be_an_int():
+    """The schema's ``int?``: the dispatcher refuses a float or a string, naming the argument."""
+    x, cos = torch.ones(x4), torch.ones(1, S, 1, 4)
+    for value in (4.0, "4"):
+        with pytest.raises(RuntimeError, match="for argument 'rotary_dim'"):
+            fusegraph.ops.rope(x, cos, cos, rotary_dim=value)
+
+
 @pytest.mark.parametrize("device", ["cpu", "meta"])  # meta: the fake kernel, same message
 @pytest.mark.parametrize("value,seen", [(None, "None"), (1, "the int 1"), (0, "the int 0"), (0.5, "the float 0.5")])
 def test_interleaved_must_be_a_bool(value, seen, device):
@@ -210,6 +328,10 @@ for dtype in (torch.float32, torch.bfloat16, torch.float16):
         for interleaved in (True, False):
             assert_close_to_reference(fusegraph.ops.rope(x, cos, sin, interleaved=interleaved),
                                       rope_ref(x, cos, sin, interleaved))
+            r = max(2, (d // 2) & ~1)  # partial rotary: the first half of the row, even
+            out = fusegraph.ops.rope(x, cos[..., :r], sin[..., :r], interleaved=interleaved, rotary_dim=r)
+            assert_close_to_reference(out, rope_ref(x, cos[..., :r], sin[..., :r], interleaved, rotary_dim=r))
+            assert torch.equal(out[..., r:], x[..., r:])
 print(fusegraph._C.cpu_capability())
 """
 

@@ -1,11 +1,14 @@
-// Compiled once per CPU capability (see dispatch.h). Rotary embedding over rows of D elements: each row of x
-// is read once (any strides over the leading dims), cos/sin rows are found through broadcast strides (never
-// expanded in memory), float32 math, one rounding to x's dtype, contiguous output.
+// Compiled once per CPU capability (see dispatch.h). Rotary embedding over rows of D elements, the first R
+// (rotary_dim) rotated, the rest copied: each row of x is read once (any strides over the leading dims), cos/sin
+// rows (R wide) are found through broadcast strides (never expanded in memory), float32 math, one rounding to
+// x's dtype, contiguous output.
 #include "common/dispatch.h"
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
+
+#include <cstring>
 
 #include "ops/cpu/vec_io.h"
 #include "ops/rope.h"
@@ -79,7 +82,7 @@ inline void rope_row_half(const T* x, const TC* c, const TC* s, T* o, int64_t D)
 }
 
 template <typename T, typename TC, bool kInterleaved>
-void rope_typed(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& out) {
+void rope_typed(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& out, int64_t R) {
   const int64_t n0 = x.size(0), n1 = x.size(1), n2 = x.size(2), D = x.size(3);
   const int64_t xs0 = x.stride(0), xs1 = x.stride(1), xs2 = x.stride(2);
   int64_t cs[4], ss[4];
@@ -98,11 +101,13 @@ void rope_typed(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
       const T* xr = xp + i0 * xs0 + i1 * xs1 + i2 * xs2;
       const TC* cr = cp + i0 * cs[0] + i1 * cs[1] + i2 * cs[2];
       const TC* sr = sp + i0 * ss[0] + i1 * ss[1] + i2 * ss[2];
+      T* orow = op + r * D;
       if constexpr (kInterleaved) {
-        rope_row_interleaved(xr, cr, sr, op + r * D, D);
+        rope_row_interleaved(xr, cr, sr, orow, R);
       } else {
-        rope_row_half(xr, cr, sr, op + r * D, D);
+        rope_row_half(xr, cr, sr, orow, R);
       }
+      if (R < D) std::memcpy(orow + R, xr + R, static_cast<size_t>(D - R) * sizeof(T));  // pass-through, x's dtype
       if (++i2 == n2) {
         i2 = 0;
         if (++i1 == n1) {
@@ -115,15 +120,15 @@ void rope_typed(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
 }
 
 void rope_kernel(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& out,
-                 bool interleaved) {
+                 bool interleaved, int64_t rotary_dim) {
   FG_DISPATCH_FLOAT_TYPES(x.scalar_type(), "fusegraph_rope", [&] {
     const bool float_tables = cos.scalar_type() == at::kFloat;
     if (interleaved) {
-      float_tables ? rope_typed<scalar_t, float, true>(x, cos, sin, out)
-                   : rope_typed<scalar_t, scalar_t, true>(x, cos, sin, out);
+      float_tables ? rope_typed<scalar_t, float, true>(x, cos, sin, out, rotary_dim)
+                   : rope_typed<scalar_t, scalar_t, true>(x, cos, sin, out, rotary_dim);
     } else {
-      float_tables ? rope_typed<scalar_t, float, false>(x, cos, sin, out)
-                   : rope_typed<scalar_t, scalar_t, false>(x, cos, sin, out);
+      float_tables ? rope_typed<scalar_t, float, false>(x, cos, sin, out, rotary_dim)
+                   : rope_typed<scalar_t, scalar_t, false>(x, cos, sin, out, rotary_dim);
     }
   });
 }

@@ -56,10 +56,11 @@ enum class GeluKind : int { Tanh = 0, Sigmoid = 1 };
 // out[i] = gelu(x[i]) over n contiguous elements; out has x's dtype.
 cudaError_t launch_gelu(GeluKind kind, const void* x, DType dtype, void* out, int64_t n, cudaStream_t stream);
 
-// out = x * cos + rot(x) * sin over rows of length cols (the head dim, even); x, cos and sin have unit
-// inner stride. interleaved: rot pairs (x0, x1) -> (-x1, x0); else rotate-half: cat(-x[h:], x[:h]).
-// out has x's dtype.
+// out = x * cos + rot(x) * sin over the first layout.cols (the rotated width R, even) elements of each row;
+// x's elements R..out_cols-1 are copied (out_cols: the head dim D, x's row length too, R <= D). x, cos and sin
+// have unit inner stride; out is contiguous, rows of out_cols. interleaved: rot pairs (x0, x1) -> (-x1, x0);
+// else rotate-half: cat(-x[h:R], x[:h]), h = R/2. out has x's dtype.
 cudaError_t launch_rope(const RowLayout& layout, const Operand& x, const Operand& cos, const Operand& sin,
-                        void* out, bool interleaved, cudaStream_t stream);
+                        void* out, int64_t out_cols, bool interleaved, cudaStream_t stream);
 
 }  // namespace fusegraph::cuda

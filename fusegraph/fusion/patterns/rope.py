@@ -43,6 +43,39 @@ Source forms:
   output ``[B, T, H, D]``): on the inductor=True route that reshape and the attention's
   ``unflatten(2, (heads, -1))`` become one reshape back to the swapaxes' shape, which Inductor drops.
 
+* rotate-half written with slices or ``chunk`` + ``cat``: ``cat((-x[..., h:], x[..., :h]), -1)`` (Cosmos3's
+  and Ideogram4's ``_rotate_half``), ``first, second = x.chunk(2, -1)``, ``cat((-second, first), -1)``
+  (LongCat-Audio), as ``x * cos + rot(x) * sin`` in x's dtype (Cosmos3 on a rank-3 ``[N, H, D]`` x with
+  ``[N, 1, D]`` tables, Ideogram4 ``[B, L, H, D]`` / ``[B, L, 1, D]``) or ``(x.float() * cos +
+  rot(x).float() * sin).to(x.dtype)`` (LongCat-Audio, ``[1, S, 1, D]``) → ``rope(x, cos, sin,
+  interleaved=False)``. In x's dtype with bf16 / fp16 x, eager rounds each product and the sum; the op
+  rounds once (as for every form here). A form without casts whose result is not in x's dtype (fp32 tables,
+  bf16 x: promoted to fp32) stays unfused: the op's output is x's dtype.
+* partial rotary: ``x_rot, x_pass = x[..., :R], x[..., R:]`` with R the tables' last dim, ``cat((x_rot * cos +
+  rot(x_rot) * sin, x_pass), -1)``, rotate-half by ``chunk`` in x's dtype (MiniMax-H3's ``_apply_rotary_emb``,
+  MiniMax-Music3's ``_apply_partial_rotary_emb``, Ernie-Image's nested ``apply_rotary_emb``, whose
+  ``cos(freqs).to(x.dtype)`` stays outside the match) or by ``unflatten(-1, (2, -1)).unbind(-2)`` in fp32
+  (Stable Audio 3's ``_apply_rotary_partial``: ``x_rot.float()``, the result ``.to(x.dtype)`` before the
+  ``cat``) → ``rope(x, cos, sin, interleaved=False, rotary_dim=R)``: the pass-through channels are copied by
+  the op, no ``cat``. R = D too (Ernie's tables are as wide as the head: the ``x[..., :D]`` slice is a no-op
+  that tracing drops and the pass-through is empty; a form of its own). The search forms take R from the
+  tables, and the matcher re-traces them on the matched shapes, so a pass-through that is not exactly
+  ``x[..., R:]``, a rotated part taken elsewhere than ``x[..., :R]`` or of another width does not fuse.
+* JoyImage's ``_apply_rotary_emb`` (and JoyImage-Edit-Plus' batched copy): the interleaved form with the
+  rotation of ``x.float()`` and ``type_as(x)``.
+* AnyFlow's ``apply_rotary_emb``: the complex form in float64 (``x.to(float64).unflatten(3, (-1, 2))``,
+  ``flatten(3, 4)``, ``type_as(x)``), fused on the terms of Lumina2's complex128 tables. NucleusMoE's,
+  QwenImage-2.1's and Bria-Fibo2's copies of the complex form are the ``_complex`` form.
+* Kandinsky 5's and 6's ``apply_rotary``: ``(rope * x.reshape(..., -1, 1, 2).float()).sum(-1)`` with a 2x2
+  matrix per pair — HiDream's product as a sum, the same replacement. Kandinsky 5 rounds the result to bf16
+  and back whatever x is (``.to(torch.bfloat16)``, ``.type_as(query)``): with fp32 x the form without a cast
+  matches and the round trip stays, so the source's rounding is kept; Kandinsky 6's ``.to(x.dtype)`` is in the
+  form. PRX's ``apply_rope`` is HiDream's.
+* SanaWM's ``_apply_rotary_emb`` on ``(B, H, D, N)`` features: the complex form on ``x.permute(0, 1, 3, 2)``,
+  the result permuted back → ``rope(x.permute(0, 1, 3, 2), ...).permute(0, 1, 3, 2)`` (views).
+* Helios' ``apply_rotary_emb_transposed``: Wan's form with each table slice taken at each use (the tables are
+  the outputs of ``freqs_cis.unsqueeze(-2).chunk(2, -1)``). Sana-Video's is Wan's verbatim.
+
 Sharing left by freezing's CSE (the default inductor=True route runs it before the fusion pass): the matcher
 refuses a match whose inner nodes have users outside it, and q's and k's RoPE compute the same table ops.
 Before matching, each RoPE instance gets its own copy again: Wan's strided table slices and ``empty_like``
@@ -172,15 +205,138 @@ def _ltx2_split_heads(x, cos, sin):
     return out.swapaxes(1, 2)
 
 
+def _rotate_half_slices(x):
+    """Cosmos3's and Ideogram4's ``_rotate_half``: ``cat((-x[..., h:], x[..., :h]), -1)``, ``h = D // 2``."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _rotate_half_chunk(x):
+    """LongCat-Audio's ``_rotate_half`` and the inline rotations of MiniMax-H3, MiniMax-Music3 and Ernie:
+    ``first, second = x.chunk(2, -1)``, ``cat((-second, first), -1)``."""
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+def _rotate_half_unflatten(x):
+    """Stable Audio 3's ``_rotate_half``: ``x.unflatten(-1, (2, -1)).unbind(-2)``, ``cat((-x2, x1), -1)``."""
+    x1, x2 = x.unflatten(-1, (2, -1)).unbind(-2)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _half_slices(x, cos, sin):
+    """Cosmos3 (x ``[N, H, D]``, cos ``[N, 1, D]``) and Ideogram4 (x ``[B, L, H, D]``, cos ``[B, L, 1, D]``):
+    ``x * cos + _rotate_half(x) * sin`` in x's dtype, no casts (the tables in x's dtype; fp32 tables with a
+    bf16 / fp16 x would make the result fp32, which the op does not give: refused by the output dtype check)."""
+    return x * cos + _rotate_half_slices(x) * sin
+
+
+def _half_chunk(x, cos, sin):
+    """The chunk rotation of :func:`_half_slices` (in x's dtype, no casts)."""
+    return x * cos + _rotate_half_chunk(x) * sin
+
+
+def _half_chunk_cast(x, cos, sin):
+    """LongCat-Audio's ``_apply_rotary_emb``: ``(x.float() * cos + _rotate_half(x).float() * sin).to(x.dtype)``
+    with the chunk rotation (cos ``[1, S, 1, D]``)."""
+    return (x.float() * cos + _rotate_half_chunk(x).float() * sin).to(x.dtype)
+
+
+def _half_slices_cast(x, cos, sin):
+    """:func:`_half_chunk_cast` with the slice rotation."""
+    return (x.float() * cos + _rotate_half_slices(x).float() * sin).to(x.dtype)
+
+
+def _partial_chunk(x, cos, sin):
+    """Partial rotary, rotate-half by ``chunk`` on the first ``R = cos.shape[-1]`` channels, the rest passed
+    through, math in x's dtype: MiniMax-H3's ``_apply_rotary_emb`` (tables ``.to(x.dtype)[None, :, None, :]``,
+    a final ``.contiguous()`` that is no node), MiniMax-Music3's ``_apply_partial_rotary_emb`` (``[S, 1, R]``)
+    and Ernie-Image's nested ``apply_rotary_emb`` (``cos(freqs).to(x.dtype)``: the pattern starts at the
+    tables, so the ``cos`` / ``sin`` of the angles stay outside it)."""
+    r = cos.shape[-1]
+    x_rot, x_pass = x[..., :r], x[..., r:]
+    return torch.cat((x_rot * cos + _rotate_half_chunk(x_rot) * sin, x_pass), dim=-1)
+
+
+def _partial_unflatten_cast(x, cos, sin):
+    """Stable Audio 3's ``_apply_rotary_partial``: ``t_rot = t[..., :R].float()``, ``t_rot * cos +
+    _rotate_half(t_rot) * sin`` (``cos = freqs.cos()`` ``[S, 1, R]``, fp32), ``cat((t_rot.to(t.dtype),
+    t[..., R:]), -1)``."""
+    r = cos.shape[-1]
+    x_rot, x_pass = x[..., :r], x[..., r:]
+    x_rot = x_rot.float()
+    x_rot = x_rot * cos + _rotate_half_unflatten(x_rot) * sin
+    return torch.cat((x_rot.to(x.dtype), x_pass), dim=-1)
+
+
+def _joy(x, cos, sin):
+    """JoyImage's ``_apply_rotary_emb`` (and JoyImage-Edit-Plus' batched copy): the interleaved form with the
+    rotation built from ``x.float()`` (``_rotate_half(x)``: ``x.float().reshape(..., -1, 2).unbind(-1)``,
+    ``stack([-x_imag, x_real], -1).flatten(3)``) and ``type_as(x)``; the same graph as
+    :func:`_diffusers_interleaved` for fp32 x, its own for bf16 / fp16."""
+    x_real, x_imag = x.float().reshape(*x.shape[:-1], -1, 2).unbind(-1)
+    x_rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(3)
+    return (x.float() * cos + x_rotated * sin).type_as(x)
+
+
+def _complex_f64(x, freqs):
+    """AnyFlow's ``apply_rotary_emb`` (and AnyFlow-FAR's copy): the complex form in float64 on CPU / CUDA
+    (``view_as_complex(x.to(float64).unflatten(3, (-1, 2)))``, ``view_as_real(... * freqs).flatten(3, 4)``,
+    ``type_as(x)``). As with Lumina2's complex128 tables, the op computes in fp32 from fp32-rounded tables:
+    a couple of fp32 ulps from the float64 product, taken only because ``type_as(x)`` rounds the result to
+    x's dtype anyway (see :func:`_complex_tables`)."""
+    x_rotated = torch.view_as_complex(x.to(torch.float64).unflatten(3, (-1, 2)))
+    return torch.view_as_real(x_rotated * freqs).flatten(3, 4).type_as(x)
+
+
+def _matrix_sum(x, freqs_cis):
+    """Kandinsky 5's ``apply_rotary`` up to its casts: ``x_ = x.reshape(..., -1, 1, 2).float()``,
+    ``(rope * x_).sum(-1).reshape(x.shape)`` with a 2x2 matrix per pair (``rope [..., D/2, 2, 2]``,
+    ``stack([cos, -sin, sin, cos]).view(2, 2)``): HiDream's product written as a sum. Kandinsky 5 then
+    rounds to bf16 and back (``.to(torch.bfloat16)``, ``.type_as(query)``): those casts stay outside the
+    match, so for fp32 x the source's bf16 rounding is kept as it is."""
+    x_ = x.reshape(*x.shape[:-1], -1, 1, 2).float()
+    return (freqs_cis * x_).sum(dim=-1).reshape(*x.shape)
+
+
+def _matrix_sum_cast(x, freqs_cis):
+    """Kandinsky 6's (and 6-SR's) ``apply_rotary``: ``(rope.float() * x_).sum(-1).reshape(x.shape)
+    .to(x.dtype)`` (fp32 tables: the ``rope.float()`` is no node); Kandinsky 5's with a bf16 x."""
+    x_ = x.reshape(*x.shape[:-1], -1, 1, 2).float()
+    return (freqs_cis * x_).sum(dim=-1).reshape(*x.shape).to(x.dtype)
+
+
+def _sana_wm(x, freqs):
+    """SanaWM's ``_apply_rotary_emb`` on ``(B, H, D, N)`` features (q / k permuted for its linear attention):
+    the complex form on ``x.permute(0, 1, 3, 2)`` (``to(float32)``, ``unflatten(3, (-1, 2))``), the result
+    ``flatten(3, 4).permute(0, 1, 3, 2).type_as(x)``; freqs ``[1, 1, N, D/2]`` complex64."""
+    x_rotated = torch.view_as_complex(x.permute(0, 1, 3, 2).to(torch.float32).unflatten(3, (-1, 2)))
+    x_out = torch.view_as_real(x_rotated * freqs).flatten(3, 4).permute(0, 1, 3, 2)
+    return x_out.type_as(x)
+
+
+def _helios(x, freqs_cos, freqs_sin):
+    """Helios' ``apply_rotary_emb_transposed``: Wan's form with the table slices taken at each use
+    (``cos[..., 0::2]`` twice, ``sin[..., 1::2]`` twice) from ``freqs_cis.unsqueeze(-2).chunk(2, -1)``
+    (the chunk's outputs are the pattern's tables). Freezing's CSE (default route) merges the repeated
+    slices, and the graph is Wan's."""
+    x_1, x_2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    out = torch.empty_like(x)
+    out[..., 0::2] = x_1 * freqs_cos[..., 0::2] - x_2 * freqs_sin[..., 1::2]
+    out[..., 1::2] = x_1 * freqs_sin[..., 1::2] + x_2 * freqs_cos[..., 0::2]
+    return out.type_as(x)
+
+
 # ---- replacements ------------------------------------------------------------------------------------
 
 
-def _rope(x, cos, sin, interleaved):
-    """The op on rank-4 x; a rank-3 ``[B, S, C]`` x (LTX) gets a leading 1 (a view; right-aligned cos/sin
-    broadcast as before)."""
+def _rope(x, cos, sin, interleaved, rotary_dim=None):
+    """The op on rank-4 x; a rank-3 x (LTX's ``[B, S, C]``, Cosmos3's ``[N, H, D]``) gets a leading 1 (a view;
+    right-aligned cos/sin broadcast as before)."""
     if x.dim() == 3:
-        return torch.ops.fusegraph.rope(x.unsqueeze(0), cos, sin, interleaved=interleaved).squeeze(0)
-    return torch.ops.fusegraph.rope(x, cos, sin, interleaved=interleaved)
+        return torch.ops.fusegraph.rope(x.unsqueeze(0), cos, sin, interleaved=interleaved,
+                                        rotary_dim=rotary_dim).squeeze(0)
+    return torch.ops.fusegraph.rope(x, cos, sin, interleaved=interleaved, rotary_dim=rotary_dim)
 
 
 def _fused_interleaved(x, cos, sin):
@@ -189,6 +345,11 @@ def _fused_interleaved(x, cos, sin):
 
 def _fused_half(x, cos, sin):
     return _rope(x, cos, sin, False)
+
+
+def _fused_partial_half(x, cos, sin):
+    """Rotate-half on ``x[..., :R]`` (R = the tables' width), the rest copied: the op's ``rotary_dim``."""
+    return _rope(x, cos, sin, False, rotary_dim=cos.shape[-1])
 
 
 def _pairwise(t):
@@ -214,6 +375,12 @@ def _fused_complex(x, freqs):
     freqs are rounded to fp32 first (the op computes in fp32; see :func:`_complex_tables`)."""
     f = torch.view_as_real(freqs).to(torch.float32)
     return _rope(x, _pairwise(f[..., 0]), _pairwise(f[..., 1]), True)
+
+
+def _fused_sana_wm(x, freqs):
+    """:func:`_fused_complex` on ``x.permute(0, 1, 3, 2)`` (a view), the result permuted back (the view the
+    source returns, of a contiguous ``[B, H, N, D]``)."""
+    return _fused_complex(x.permute(0, 1, 3, 2), freqs).permute(0, 1, 3, 2)
 
 
 def _fused_hidream(x, freqs_cis):
@@ -321,9 +488,14 @@ def _split_heads_tables(match: Match):
     return _split_tables(match)
 
 
-def _supported(match: Match, rank: int, tables=_real_tables) -> bool:
+def _supported(match: Match, rank: int, tables=_real_tables, partial: bool = False,
+               transposed: bool = False) -> bool:
     """What the fused kernel takes: float x of the rank the pattern was traced at, D even; cos/sin of one
-    shape and dtype (fp32 or x's dtype), last dim D, broadcastable to x without changing x's shape.
+    shape and dtype (fp32 or x's dtype), last dim D, broadcastable to x without changing x's shape; the
+    matched result in x's dtype (the op's output dtype: a form without casts, ``x * cos + rot(x) * sin`` with
+    fp32 tables and a bf16 x, gives fp32). ``partial`` (rotary_dim forms): the tables' last dim R is the
+    rotated width, even and at most D (D itself may be odd), and they broadcast to ``x[..., :R]``.
+    ``transposed`` (SanaWM): the form rotates ``x.transpose(-1, -2)``, whose shape the checks use.
 
     Runs before the matcher re-traces the search form on the matched shapes: a form traced at rank 4 would
     fail that trace on a rank-3 x, and the failed trace logs error-level tracebacks; a refusal here is silent."""
@@ -331,14 +503,25 @@ def _supported(match: Match, rank: int, tables=_real_tables) -> bool:
     if not _tensors(x) or tables is None:
         return False
     shape, dtype, device = tables
-    if x.dtype not in _DTYPES or x.dim() != rank or x.shape[-1] % 2:
+    if x.dtype not in _DTYPES or x.dim() != rank:
         return False
+    if transposed:
+        x = x.transpose(-1, -2)
     if dtype not in (torch.float32, x.dtype) or device != x.device or not 1 <= len(shape) <= rank:
         return False
-    if shape[-1] != x.shape[-1]:
+    out = match.output_node().meta.get("val")
+    if _tensors(out) and out.dtype != x.dtype:
         return False
+    width = x.shape[-1]
+    if partial:
+        if not 0 < shape[-1] <= width:
+            return False
+        width = shape[-1]
+    if width % 2 or shape[-1] != width:
+        return False
+    target = (*x.shape[:-1], width)
     try:
-        return tuple(torch.broadcast_shapes(x.shape, shape)) == tuple(x.shape)
+        return tuple(torch.broadcast_shapes(target, shape)) == target
     except RuntimeError:
         return False
 
@@ -452,11 +635,13 @@ def _entries(pm: PatternMatcherPass) -> set:
     return {id(e) for entries in pm.patterns.values() for e in entries}
 
 
-def _register(pm: PatternMatcherPass, trace_fn, search_fn, replace_fn, example_inputs, tables=_real_tables) -> None:
+def _register(pm: PatternMatcherPass, trace_fn, search_fn, replace_fn, example_inputs, tables=_real_tables,
+              partial: bool = False, transposed: bool = False) -> None:
     """``register_replacement`` with :func:`_supported` (at the example x's rank) checked *before* the
     matcher's re-trace of ``search_fn`` on the matched shapes, not after it: forms of one structure at several
     ranks (and lookalikes of them) are refused silently instead of by a failed, logged trace."""
-    check = functools.partial(_supported, rank=example_inputs[0].dim(), tables=tables)
+    check = functools.partial(_supported, rank=example_inputs[0].dim(), tables=tables, partial=partial,
+                              transposed=transposed)
     before = _entries(pm)
     register_replacement(search_fn, replace_fn, example_inputs, trace_fn=trace_fn, pass_dicts=pm,
                          extra_check=check, skip_duplicates=True)
@@ -496,7 +681,38 @@ def register(pm: PatternMatcherPass, opts) -> None:
                 freqs = torch.empty(1, 5, 1, 8, dtype=freqs_dtype)
                 reg(_complex, _fused_complex, [x, freqs], _complex_tables)
             reg(_hidream, _fused_hidream, [x, torch.empty(1, 5, 1, 8, 2, 2)], _hidream_tables)
+            reg(_matrix_sum, _fused_hidream, [x, torch.empty(1, 5, 1, 8, 2, 2)], _hidream_tables)
+            reg(_helios, _fused_wan, [x, *cs])
+            # forms whose casts are no-ops in fp32 (the same graph as another form there): bf16 / fp16 only,
+            # which saves their tracing at registration
+            half_x = x_dtype != torch.float32
+            if half_x:
+                reg(_matrix_sum_cast, _fused_hidream, [x, torch.empty(1, 5, 1, 8, 2, 2)], _hidream_tables)
+                reg(_joy, _fused_interleaved, [x, *cs])
+            for freqs_dtype in (torch.complex64, torch.complex128):
+                reg(_complex_f64, _fused_complex, [x, torch.empty(1, 5, 1, 8, dtype=freqs_dtype)], _complex_tables)
+                # SanaWM: x [B, H, D, N] (a permuted view whose D is unit-stride), freqs [1, 1, N, D/2]
+                xt = torch.empty(2, 3, 5, 16, dtype=x_dtype).transpose(-1, -2)
+                reg(_sana_wm, _fused_sana_wm, [xt, torch.empty(1, 1, 5, 8, dtype=freqs_dtype)], _complex_tables,
+                    transposed=True)
             half = [torch.empty(2, 3, 5, 4) for _ in range(2)]  # [B, H, T, D/2] for x [B, T, H * D]
             reg(_ltx2_split, _fused_ltx2_split, [torch.empty(2, 5, 24, dtype=x_dtype), *half], _split_tables)
+            # rotate-half by slices / chunk + cat (Cosmos3 [N, H, D] with [N, 1, D] tables, no casts; Ideogram4,
+            # LongCat-Audio [B, S, H, D]); the cast forms only differ from the plain ones for bf16 / fp16 x
+            # Forms without casts trace to one graph for every x dtype (bf16 / fp16 x with x-dtype tables matches
+            # the fp32 trace; with fp32 tables the result is fp32, refused by the output dtype check): once.
+            plain = (_half_slices, _half_chunk) if not half_x else ()
+            casts = (_half_slices_cast, _half_chunk_cast) if half_x else ()
+            x3h = torch.empty(5, 3, 16, dtype=x_dtype)  # Cosmos3: [N, H, D]
+            for xs, ts, forms in ((x, (1, 5, 1, 16), plain + casts), (x3h, (5, 1, 16), plain)):
+                cs = [torch.empty(ts) for _ in range(2)]
+                for form in forms:
+                    reg(form, _fused_half, [xs, *cs])
+            # partial rotary: R = 8 of D = 16, and R = D (Ernie's tables are as wide as the head: the
+            # ``x[..., :D]`` slice is a no-op that tracing drops, the pass-through is empty)
+            for r in (8, 16):
+                cs = [torch.empty(1, 5, 1, r) for _ in range(2)]
+                for form in (_partial_unflatten_cast,) + (() if half_x else (_partial_chunk,)):
+                    reg(form, _fused_partial_half, [x, *cs], partial=True)
         half = [torch.empty(2, 3, 5, 4) for _ in range(2)]
         reg(_ltx2_split_heads, _fused_ltx2_split_heads, [torch.empty(2, 5, 24), *half], _split_heads_tables)
