@@ -297,3 +297,20 @@ def test_shared_lookalike_core_stays_unfused_on_default_route():
     b, out, eager = compile_and_run(lookalike_shared_core_other_dim, x, w1, w2)
     assert b.stats.patterns["rms_norm"] == 0 and fused(b, "rms_norm") == 0
     assert_matches(out, eager)
+
+
+@pytest.mark.parametrize("inductor", [False, True])
+def test_rmsnorm_of_a_selected_qkv_slice_fuses(inductor):
+    """PRX: ``img_q = norm_q(qkv[0])`` after a permute of a fused QKV projection. The rope family's table split
+    step used to take x's ``select`` for a RoPE table (read by ``x * rsqrt(...)``) and copy it, which left the
+    norm's pow and its product on different nodes: no RMSNorm of such an x fused (PRX: 0 of 6)."""
+    m = randomize(RMSNorm(16, eps=1e-6), 0.5, 1.0)
+
+    def f(x):
+        q = x.reshape(2, 16, 3, 2, 16).permute(2, 0, 3, 1, 4)[0]
+        return m(q) * 2, m(x.reshape(2, 16, 6, 16)[:, :, 1])
+
+    x = torch.randn(2, 16, 96)
+    b, out, eager = compile_and_run(f, x, inductor=inductor)
+    assert fused(b, "rms_norm") == 2
+    assert_matches(out, eager)

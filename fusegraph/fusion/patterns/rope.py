@@ -586,20 +586,43 @@ def _read_base(node):
     return node
 
 
+def _depends_on(node, ancestor, limit: int = 64) -> bool:
+    """``node`` is computed from ``ancestor`` (searched over at most ``limit`` nodes up the graph)."""
+    seen, todo = set(), [node]
+    while todo and len(seen) < limit:
+        n = todo.pop()
+        if n is ancestor:
+            return True
+        if n in seen:
+            continue
+        seen.add(n)
+        todo.extend(n.all_input_nodes)
+    return False
+
+
+def _x_of(table, other):
+    """The x a table use combines ``table`` with (the tensor ``other`` reads), or None."""
+    if not isinstance(other, torch.fx.Node) or other is table or _depends_on(other, table):
+        return None
+    return _read_base(other)
+
+
 def _table_instance(node: torch.fx.Node, user: torch.fx.Node):
     """The RoPE instance ``user`` (a user of a table node: ``freqs_cis[..., k]``, ``cos.unsqueeze(-2)``,
     ``-sin_u``) is in, named by the x it combines the table with; None when ``user`` is not such a use.
 
     HiDream: ``freqs_cis[..., k] * x_[..., k]`` (x: ``x_``). LTX2 split: ``split_x * cos_u``,
     ``addcmul(out[half], ±sin_u, split_x[other half])`` (x: ``split_x``). A table op (``-sin_u``) is in the
-    instance all its users are in."""
+    instance all its users are in.
+
+    The x a table multiplies is never computed from the table: a product whose other operand is (PRX's RMSNorm
+    of ``qkv[0]``: ``x * rsqrt(mean(x**2))`` with x a ``select``) is no table use."""
     if _is(user, _aten.mul.Tensor) and len(user.args) == 2 and not user.kwargs:
         a, b = user.args
         other = b if a is node else a
-        return _read_base(other) if isinstance(other, torch.fx.Node) and other is not node else None
+        return _x_of(node, other)
     if _is(user, _aten.addcmul.default) and len(user.args) == 3 and user.args[1] is node:
-        other = user.args[2]
-        return _read_base(other) if isinstance(other, torch.fx.Node) and other is not node else None
+        return _x_of(node, user.args[2])
     if any(_is(user, target) for target in _TABLE_OPS) and user.users:
         keys = {_table_instance(user, u) for u in user.users}
         return keys.pop() if len(keys) == 1 else None
