@@ -21,7 +21,7 @@ than eager bf16's error (10% slack: see ``test_bf16_error_vs_float64``).
 
 Tiers: the fast tier (default, part of ``make test``) runs FAST_ALL_ROUTES — five models of different block kinds —
 on all three routes, the bf16 checks and the counter's own tests (about 5 minutes of 2-core CPU time; every model
-on one route alone would take longer: 35 models x 10-30 s); the full tier (``make test-zoo``) runs every model on
+on one route alone would take longer: 68 models x 10-30 s); the full tier (``make test-zoo``) runs every model on
 every route.
 """
 from __future__ import annotations
