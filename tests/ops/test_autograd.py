@@ -84,6 +84,32 @@ def test_adaln_gradcheck_through_chunk_views():
     gradcheck(fn, [x, emb])
 
 
+@pytest.mark.parametrize("form", ["B_1_D", "B_S_D", "D"])
+@pytest.mark.parametrize("affine", ["none", "weight+bias"])
+@pytest.mark.parametrize("norm,has_shift", [("rms", True), ("rms", False), ("layer", False)])
+def test_adaln_rms_and_no_shift_gradcheck(form, affine, norm, has_shift):
+    B, S, D = 2, 3, 5
+    x = f64(B, S, D, scale=2.0, offset=0.5)
+    shape = {"B_1_D": (B, 1, D), "B_S_D": (B, S, D), "D": (D,)}[form]
+    scale = f64(*shape, scale=0.5)
+    shift = f64(*shape) if has_shift else None
+    w = f64(D, offset=1.0) if "weight" in affine else None
+    b = f64(D) if "bias" in affine else None
+    gradcheck(lambda x, sc, sh, w, b: fusegraph.ops.adaln(x, sc, sh, 1e-5, weight=w, bias=b, norm=norm),
+              [x, scale, shift, w, b])
+
+
+def test_adaln_no_shift_gradcheck_through_chunk_views():
+    """LuminaRMSNormZero: scale is a [B, 1, D] view of a [B, 4D] embedding, no shift."""
+    B, S, D = 2, 3, 4
+    x, emb = f64(B, S, D), f64(B, 4 * D, scale=0.5)
+
+    def fn(x, emb):
+        return fusegraph.ops.adaln(x, emb.chunk(4, dim=1)[0][:, None], None, norm="rms")
+
+    gradcheck(fn, [x, emb])
+
+
 @pytest.mark.parametrize("name", ["gelu_tanh", "fast_gelu"])
 def test_gelu_gradcheck(name):
     gradcheck(getattr(fusegraph.ops, name), [f64(3, 11, scale=2.0)])
@@ -226,6 +252,35 @@ def test_adaln_gradients_out_dtype(dtype):
     fused = lambda x, sc, sh: fusegraph.ops.adaln(x, sc, sh, 1e-6, out_dtype=x.dtype)
     ref = lambda x, sc, sh: (F.layer_norm(x.to(sc.dtype), [D], eps=1e-6) * (1 + sc) + sh).to(x.dtype)
     assert_eager_gradients(fused, ref, [x, scale, shift])
+
+
+@pytest.mark.parametrize("dtype", DT)
+@pytest.mark.parametrize("affine", [False, True])
+@pytest.mark.parametrize("norm,has_shift", [("rms", True), ("rms", False), ("layer", False)])
+def test_adaln_rms_and_no_shift_gradients_match_eager(dtype, affine, norm, has_shift):
+    B, S, D = 3, 7, 96
+    x = randn(B, S, D, dtype=dtype, scale=2.0, offset=0.3)
+    emb = randn(B, 6 * D, dtype=dtype, scale=0.5)
+    shift, scale = (c[:, None] for c in emb.chunk(6, dim=1)[:2])
+    w = randn(D, dtype=dtype, offset=1.0) if affine else None
+    b = randn(D, dtype=dtype) if affine else None
+
+    def ref(x, sc, sh, w, b):
+        if norm == "rms":
+            n = torch.rms_norm(x, [D], None, 1e-6)
+            n = n * w if w is not None else n
+            n = n + b if b is not None else n
+        else:
+            n = F.layer_norm(x, [D], w, b, 1e-6)
+        y = n * (1 + sc)
+        return y + sh if sh is not None else y
+
+    fused = lambda x, sc, w, b, sh=None: fusegraph.ops.adaln(x, sc, sh, 1e-6, weight=w, bias=b, norm=norm)
+    if has_shift:
+        assert_eager_gradients(lambda x, sc, sh, w, b: fused(x, sc, w, b, sh), ref, [x, scale, shift, w, b])
+    else:
+        assert_eager_gradients(lambda x, sc, w, b: fused(x, sc, w, b), lambda x, sc, w, b: ref(x, sc, None, w, b),
+                               [x, scale, w, b])
 
 
 @pytest.mark.parametrize("dtype", DT)

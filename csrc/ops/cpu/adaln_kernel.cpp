@@ -1,9 +1,11 @@
-// Compiled once per CPU capability (see dispatch.h). Adaptive LayerNorm modulation over rows of D
-// elements: y = layer_norm(x)[*w + b] * (1 + scale) + shift, float32 math, one rounding at the store.
-// Per row: pass 1 reads x from memory (bf16/fp16 rows are widened once into a per-thread float32
+// Compiled once per CPU capability (see dispatch.h). Adaptive norm modulation over rows of D elements:
+// y = norm(x)[*w + b] * (1 + scale) [+ shift], float32 math, one rounding at the store.
+// LayerNorm, per row: pass 1 reads x from memory (bf16/fp16 rows are widened once into a per-thread float32
 // buffer) and sums it; pass 2 sums d = x - mean and d^2 from cache (corrected two-pass variance:
 // accurate for rows with a large mean, unlike E[x^2] - mean^2); pass 3 reads scale/shift and writes.
-// Rows longer than kSumChunk sum passes 1 and 2 per chunk in float32 vectors and add the chunk sums in
+// RMSNorm: pass 1 sums x^2 (and widens); no pass 2; 1 / sqrt(sum / D + eps) in float32 as fusegraph.rms_norm
+// (and eager) compute it; pass 3 as above. Without a shift pass 3 multiplies only.
+// Rows longer than kSumChunk sum passes 1 and 2 (RMSNorm: pass 1) per chunk in float32 vectors and add the chunk sums in
 // double (one long run of float adds per lane lost fp32 accuracy at D >= 2^20: 1e-5 relative at 2^22).
 // scale/shift are usually one [D] vector broadcast over all rows (AdaLN's [B, 1, D]): each task keeps
 // (1 + scale) and shift as float32 for the rows that share them instead of re-reading and widening
@@ -51,6 +53,25 @@ C10_ALWAYS_INLINE float sum_row(const T_x* xr, float* buf, int64_t i0, int64_t i
     }
     s0 = s0 + a;
     s1 = s1 + b;
+  }
+  return sum_lanes(s0 + s1);
+}
+
+// sum(x^2) over xr[i0, i1); bf16/fp16 rows are also widened into buf[i0, i1). i0 is a multiple of kBlock.
+template <typename T_x>
+C10_ALWAYS_INLINE float sum_squares_row(const T_x* xr, float* buf, int64_t i0, int64_t i1) {
+  constexpr int64_t kB = VecIO<float>::kBlock;
+  fVec s0(0.0f), s1(0.0f);
+  for (int64_t i = i0; i < i1; i += kB) {
+    const int64_t n = std::min(kB, i1 - i);
+    fVec a, b;
+    load_block(xr + i, a, b, n);  // lanes past n load as zero and add nothing
+    if constexpr (!std::is_same_v<T_x, float>) {
+      a.store(buf + i);
+      b.store(buf + i + fVec::size());
+    }
+    s0 = at::vec::fmadd(a, a, s0);
+    s1 = at::vec::fmadd(b, b, s1);
   }
   return sum_lanes(s0 + s1);
 }
@@ -109,15 +130,17 @@ void adaln_rows(const AdalnKernelArgs& p) {
       T_out* o = out + r * D;
       if (off[1] != cached_off[0] || off[2] != cached_off[1]) {
         const T_m* sc = scale + off[1];
-        const T_m* sh = shift + off[2];
         const fVec one(1.0f);
         for (int64_t j = 0; j < D; j += kB) {
           const int64_t n = std::min(kB, D - j);
-          fVec sca, scb, sha, shb;
+          fVec sca, scb;
           load_block(sc + j, sca, scb, n);
-          load_block(sh + j, sha, shb, n);
           VecIO<float>::store(scale1 + j, one + sca, one + scb);  // whole blocks: padded buffers
-          VecIO<float>::store(shift_f + j, sha, shb);
+          if (shift != nullptr) {
+            fVec sha, shb;
+            load_block(shift + off[2] + j, sha, shb, n);
+            VecIO<float>::store(shift_f + j, sha, shb);
+          }
         }
         cached_off[0] = off[1];
         cached_off[1] = off[2];
@@ -131,31 +154,47 @@ void adaln_rows(const AdalnKernelArgs& p) {
       // corr, applied as (x - mean) - corr: the float32 mean of a row near 1000 is off by up to 3e-5; its
       // correction is applied to the exact difference instead of being rounded into the mean.
       fVec mean_v(0.0f), corr(0.0f);
-      double var;
-      if (D <= kSumChunk) {
-        mean_v = fVec(sum_row(xr, buf.get(), 0, D) / d_f);
-        fVec lanes_d(0.0f), lanes_q(0.0f);
-        sum_deviations(row, mean_v, 0, D, lanes_d, lanes_q);
-        const float sum_d = sum_lanes(lanes_d);
-        var = std::max(0.0f, (sum_lanes(lanes_q) - sum_d * (sum_d / d_f)) / d_f);
-        corr = fVec(sum_d / d_f);
+      fVec rstd;
+      if (p.rms) {
+        // RMSNorm: mean and corr stay 0. As eager: mean of squares in float32, + eps in float32.
+        float ss;
+        if (D <= kSumChunk) {
+          ss = sum_squares_row(xr, buf.get(), 0, D);
+        } else {
+          double total = 0.0;
+          for (int64_t c0 = 0; c0 < D; c0 += kSumChunk) {
+            total += static_cast<double>(sum_squares_row(xr, buf.get(), c0, std::min(D, c0 + kSumChunk)));
+          }
+          ss = static_cast<float>(total);
+        }
+        rstd = fVec(1.0f / std::sqrt(ss / d_f + static_cast<float>(eps)));
       } else {
-        double sum_x = 0.0, sum_d = 0.0, sum_q = 0.0;
-        for (int64_t c0 = 0; c0 < D; c0 += kSumChunk) {
-          sum_x += static_cast<double>(sum_row(xr, buf.get(), c0, std::min(D, c0 + kSumChunk)));
-        }
-        const double d_d = static_cast<double>(D);
-        mean_v = fVec(static_cast<float>(sum_x / d_d));
-        for (int64_t c0 = 0; c0 < D; c0 += kSumChunk) {
+        double var;
+        if (D <= kSumChunk) {
+          mean_v = fVec(sum_row(xr, buf.get(), 0, D) / d_f);
           fVec lanes_d(0.0f), lanes_q(0.0f);
-          sum_deviations(row, mean_v, c0, std::min(D, c0 + kSumChunk), lanes_d, lanes_q);
-          sum_d += static_cast<double>(sum_lanes(lanes_d));
-          sum_q += static_cast<double>(sum_lanes(lanes_q));
+          sum_deviations(row, mean_v, 0, D, lanes_d, lanes_q);
+          const float sum_d = sum_lanes(lanes_d);
+          var = std::max(0.0f, (sum_lanes(lanes_q) - sum_d * (sum_d / d_f)) / d_f);
+          corr = fVec(sum_d / d_f);
+        } else {
+          double sum_x = 0.0, sum_d = 0.0, sum_q = 0.0;
+          for (int64_t c0 = 0; c0 < D; c0 += kSumChunk) {
+            sum_x += static_cast<double>(sum_row(xr, buf.get(), c0, std::min(D, c0 + kSumChunk)));
+          }
+          const double d_d = static_cast<double>(D);
+          mean_v = fVec(static_cast<float>(sum_x / d_d));
+          for (int64_t c0 = 0; c0 < D; c0 += kSumChunk) {
+            fVec lanes_d(0.0f), lanes_q(0.0f);
+            sum_deviations(row, mean_v, c0, std::min(D, c0 + kSumChunk), lanes_d, lanes_q);
+            sum_d += static_cast<double>(sum_lanes(lanes_d));
+            sum_q += static_cast<double>(sum_lanes(lanes_q));
+          }
+          var = std::max(0.0, (sum_q - sum_d * (sum_d / d_d)) / d_d);
+          corr = fVec(static_cast<float>(sum_d / d_d));
         }
-        var = std::max(0.0, (sum_q - sum_d * (sum_d / d_d)) / d_d);
-        corr = fVec(static_cast<float>(sum_d / d_d));
+        rstd = fVec(static_cast<float>(1.0 / std::sqrt(var + eps)));
       }
-      const fVec rstd(static_cast<float>(1.0 / std::sqrt(var + eps)));
 
       // Pass 3: normalise, affine, modulate, one store.
       for (int64_t j = 0; j < D; j += kB) {
@@ -176,11 +215,17 @@ void adaln_rows(const AdalnKernelArgs& p) {
           a = a + ba;
           b = b + bb;
         }
-        fVec sca, scb, sha, shb;
+        fVec sca, scb;
         VecIO<float>::load(scale1 + j, sca, scb);
-        VecIO<float>::load(shift_f + j, sha, shb);
-        a = at::vec::fmadd(a, sca, sha);
-        b = at::vec::fmadd(b, scb, shb);
+        if (shift != nullptr) {
+          fVec sha, shb;
+          VecIO<float>::load(shift_f + j, sha, shb);
+          a = at::vec::fmadd(a, sca, sha);
+          b = at::vec::fmadd(b, scb, shb);
+        } else {
+          a = a * sca;
+          b = b * scb;
+        }
         store_block(o + j, a, b, n);
       }
     }
