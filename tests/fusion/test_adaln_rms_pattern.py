@@ -132,6 +132,25 @@ def test_scale_first_and_continuous_forms_fuse(dtype):
     assert_matches(out, eager, scale=4.0, ref64=double(f, h, emb))
 
 
+@pytest.mark.parametrize("inductor", [False, True])
+def test_one_norm_modulated_twice_fuses_twice(inductor):
+    """LTX2's audio-to-video and video-to-audio cross-attention modulate one norm_hidden_states twice
+    (``n * (1 + scale.squeeze(2)) + shift.squeeze(2)``): each modulation gets its own norm and fuses; another
+    user of the norm keeps the fused rms_norm."""
+    norm = randomize(nn.RMSNorm(D, eps=1e-6))
+
+    def f(x, table):
+        a, b, c, d = table.unbind(dim=2)  # [B, 1, 1, D] each after the unbind of [B, 1, 4, 1, D]
+        n = norm(x)
+        return n * (1 + a.squeeze(2)) + b.squeeze(2), n * (1 + c.squeeze(2)) + d.squeeze(2), n * 2
+
+    x, table = torch.randn(2, 5, D), torch.randn(2, 1, 4, 1, D) * 0.5
+    b, out, eager = compile_and_run(f, x, table, inductor=inductor)
+    assert b.stats.patterns["adaln_rms"] == 2 and fused(b, "adaln") == 2 and fused(b, "rms_norm") == 1
+    assert fused(b, "mul_add") == 0
+    assert_matches(out, eager)
+
+
 def test_fuses_under_inductor():
     norm = randomize(RMSNorm(D, eps=1e-6, elementwise_affine=True)).to(torch.bfloat16)
 

@@ -75,14 +75,56 @@ def canonical_rms_calls(graph: torch.fx.Graph, *, explicit: bool = True) -> int:
     return changed
 
 
+_aten = torch.ops.aten
+_FACTOR_VIEWS = (_aten.unsqueeze.default, _aten.view.default, _aten.reshape.default, _aten.squeeze.dim,
+                 _aten.squeeze.default, _aten.slice.Tensor, _aten.expand.default)
+
+
+def _is_modulation(user: torch.fx.Node, norm: torch.fx.Node) -> bool:
+    """``norm * f`` or ``f * norm`` with f ``1 + s`` (or a view of it): what the two families fuse, with or
+    without a shift after it."""
+    if user.op != "call_function" or user.target != _aten.mul.Tensor or len(user.args) != 2:
+        return False
+    if list(user.args).count(norm) != 1:
+        return False
+    factor = user.args[1] if user.args[0] is norm else user.args[0]
+    while isinstance(factor, torch.fx.Node) and factor.op == "call_function" and factor.target in _FACTOR_VIEWS:
+        factor = factor.args[0]
+    return (isinstance(factor, torch.fx.Node) and factor.op == "call_function" and factor.target == _aten.add.Tensor
+            and any(not isinstance(a, torch.fx.Node) and a == 1 for a in factor.args[:2]))
+
+
+def unshare_rms_norms(graph: torch.fx.Graph) -> int:
+    """Gives each modulation of a fused RMSNorm that several read (LTX2's audio-to-video and video-to-audio
+    cross-attention modulate one ``norm_hidden_states`` twice) its own copy of the ``fusegraph.rms_norm`` call:
+    the matcher refuses a match whose inner nodes have users outside it. Only modulation users get copies (the
+    original keeps one of them, or its other users). Returns the number of copies made; a copy that then does
+    not fuse costs one extra norm."""
+    copies = 0
+    for node in list(graph.find_nodes(op="call_function", target=_rms.default)):
+        users = list(node.users)
+        if len(users) < 2:
+            continue
+        mods = [u for u in users if _is_modulation(u, node)]
+        if len(mods) == len(users):
+            mods = mods[1:]
+        for user in mods:
+            with graph.inserting_before(user):
+                copy = graph.node_copy(node)
+            user.replace_input_with(node, copy)
+            copies += 1
+    return copies
+
+
 def explicit_rms_calls_during(pm: PatternMatcherPass) -> None:
-    """Makes ``pm.apply`` see explicit rms_norm calls (:func:`canonical_rms_calls`) and leave them in the traced
-    form again."""
+    """Makes ``pm.apply`` see explicit rms_norm calls (:func:`canonical_rms_calls`), each modulation with its own
+    norm (:func:`unshare_rms_norms`), and leaves the calls in the traced form again."""
     apply = pm.apply
 
     def apply_explicit(graph):
         g = graph.graph if isinstance(graph, torch.fx.GraphModule) else graph
         canonical_rms_calls(g)
+        unshare_rms_norms(g)
         try:
             return apply(graph)
         finally:
