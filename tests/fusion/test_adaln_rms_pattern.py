@@ -1,7 +1,8 @@
 """adaln_rms fusion: RMSNorm followed by ``* (1 + scale) + shift`` (LTX / LTX2 blocks, ACE-Step, Ernie, Krea2,
 MiniMax-H3, StableAudio3) -> one fusegraph.adaln(norm="rms") each, in the source's output dtype, whatever
 RMSNorm source form the rms_norm family fused first (diffusers RMSNorm with and without weight / bias,
-torch.nn.RMSNorm); lookalikes stay unfused (and correct)."""
+torch.nn.RMSNorm), casts around the modulation included (ACE-Step's type_as, Ernie's float32 modulation); one
+norm modulated twice (LTX2); lookalikes stay unfused (and correct)."""
 import pytest
 import torch
 import torch.nn as nn
@@ -130,6 +131,48 @@ def test_scale_first_and_continuous_forms_fuse(dtype):
     b, out, eager = compile_and_run(f, h, emb, inductor=False)
     assert b.stats.patterns["adaln_rms"] == 2 and fused(b, "adaln") == 2 and fused(b, "rms_norm") == 0
     assert_matches(out, eager, scale=4.0, ref64=double(f, h, emb))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ace_step_type_as_form_fuses(dtype):
+    """ACE-Step: (self_attn_norm(h) * (1 + scale_msa) + shift_msa).type_as(h), scale/shift chunks of a float32
+    scale_shift_table + temb: one adaln(out_dtype=h.dtype), one rounding (eager rounds the norm, then casts)."""
+    norm = randomize(RMSNorm(D, eps=1e-6)).to(dtype)
+    table = torch.randn(1, 6, D) / D ** 0.5
+
+    def f(h, temb):
+        shift_msa, scale_msa, _gate, _, _, _ = (table + temb).chunk(6, dim=1)
+        return (norm(h) * (1 + scale_msa) + shift_msa).type_as(h)
+
+    h, temb = torch.randn(2, 7, D, dtype=dtype), torch.randn(2, 6, D) * 0.5
+    b, out, eager = compile_and_run(f, h, temb, inductor=False)
+    assert_one_adaln(b)
+    assert out.dtype == dtype and b.all_ops["prims.convert_element_type.default"] == 0  # the cast taken in too
+    shift, scale = (table + temb).chunk(6, dim=1)[:2]
+    ref64 = rms_modulation64(h, norm.weight, None, 1e-6, scale, shift)
+    torch.testing.assert_close(out, ref64.to(dtype), **({} if dtype != torch.float32 else dict(rtol=1e-5, atol=1e-5)))
+    assert_matches(out, eager, scale=8.0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mod_dtype", [None, torch.float32])
+def test_ernie_fp32_modulation_form_fuses(dtype, mod_dtype):
+    """Ernie: x = adaLN_sa_ln(x); (x.float() * (1 + scale.float()) + shift.float()).to(x.dtype), RMSNorm with a
+    weight, the modulation in x's dtype or float32."""
+    norm = randomize(RMSNorm(D, eps=1e-6)).to(dtype)
+
+    def f(x, scale, shift):
+        x = norm(x)
+        return (x.float() * (1 + scale.float()) + shift.float()).to(x.dtype)
+
+    x = torch.randn(2, 7, D, dtype=dtype)
+    scale, shift = modulation(2, 7, mod_dtype or dtype)
+    b, out, eager = compile_and_run(f, x, scale, shift, inductor=False)
+    assert_one_adaln(b)
+    assert out.dtype == dtype and b.all_ops["prims.convert_element_type.default"] == 0  # the casts taken in too
+    ref64 = rms_modulation64(x, norm.weight, None, 1e-6, scale, shift)
+    torch.testing.assert_close(out, ref64.to(dtype), **({} if dtype != torch.float32 else dict(rtol=1e-5, atol=1e-5)))
+    assert_matches(out, eager, scale=8.0)
 
 
 @pytest.mark.parametrize("inductor", [False, True])

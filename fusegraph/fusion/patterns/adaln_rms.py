@@ -10,7 +10,12 @@ The patterns start at the RMSNorm the rms_norm family has already fused (it runs
 knows (``torch.rms_norm``, diffusers ``RMSNorm`` with its dtype casts, ``MochiRMSNorm``) composes for free. On
 it: ``n * (1 + scale) + shift``, the scale-first ``(1 + scale) * n + shift``, and the continuous
 ``n * (1 + scale)[:, None, :] + shift[:, None, :]`` (``[B, D]`` chunks, unsqueezed by the replacement); each
-with and without weight (and with a bias), in both rms_norm styles.
+with and without weight (and with a bias), in both rms_norm styles. Half precision, the casts taken in:
+ACE-Step's ``(n * (1 + scale) + shift).type_as(h)`` (float32 modulation table) and Ernie's
+``(n.float() * (1 + scale.float()) + shift.float()).to(n.dtype)``.
+
+A fused RMSNorm that several modulations read (LTX2's a2v and v2a cross-attention) gets a copy per modulation
+first (:func:`unshare_rms_norms`).
 
 Replacement: ``adaln(x, scale, shift, eps, weight=w, bias=b, norm="rms", out_dtype=...)`` with out_dtype the
 matched expression's dtype (rms_norm's output dtype for its style, promoted with scale and shift) whenever
@@ -280,6 +285,52 @@ def _forms(style: str) -> list:
     return forms
 
 
+def _cast_forms(style: str) -> list:
+    """The half-precision forms that end in a cast, (search, replace, number of norm parameters):
+
+    * ACE-Step: ``(norm(h) * (1 + scale) + shift).type_as(h)`` (a float32 modulation table promotes the
+      product; the cast brings it back) → ``adaln(..., out_dtype=h.dtype)``;
+    * Ernie: ``x = norm(x); (x.float() * (1 + scale.float()) + shift.float()).to(x.dtype)`` →
+      ``adaln(..., out_dtype=<the norm's dtype>)``.
+    In float32 every cast here is a no-op the redundant-node pass drops, and the plain forms match."""
+
+    def type_as(x, scale, shift, eps):
+        return (_rms(x, None, eps, style=style) * (1 + scale) + shift).to(x.dtype)
+
+    def weight_type_as(x, weight, scale, shift, eps):
+        return (_rms(x, weight, eps, style=style) * (1 + scale) + shift).to(x.dtype)
+
+    def fp32_modulation(x, scale, shift, eps):
+        n = _rms(x, None, eps, style=style)
+        return (n.float() * (1 + scale.float()) + shift.float()).to(n.dtype)
+
+    def weight_fp32_modulation(x, weight, scale, shift, eps):
+        n = _rms(x, weight, eps, style=style)
+        return (n.float() * (1 + scale.float()) + shift.float()).to(n.dtype)
+
+    def fused_type_as(x, scale, shift, eps):
+        return torch.ops.fusegraph.adaln(x, scale, shift, eps, out_dtype=x.dtype, norm="rms")
+
+    def fused_weight_type_as(x, weight, scale, shift, eps):
+        return torch.ops.fusegraph.adaln(x, scale, shift, eps, weight=weight, out_dtype=x.dtype, norm="rms")
+
+    def fused_fp32_modulation(x, scale, shift, eps):
+        out_dtype = rms_norm_out_dtype(x, None, None, style)
+        return torch.ops.fusegraph.adaln(x, scale, shift, eps, out_dtype=out_dtype, norm="rms")
+
+    def fused_weight_fp32_modulation(x, weight, scale, shift, eps):
+        out_dtype = rms_norm_out_dtype(x, weight, None, style)
+        return torch.ops.fusegraph.adaln(x, scale, shift, eps, weight=weight, out_dtype=out_dtype, norm="rms")
+
+    forms = [
+        (weight_fp32_modulation, fused_weight_fp32_modulation, 1), (fp32_modulation, fused_fp32_modulation, 0),
+        (weight_type_as, fused_weight_type_as, 1), (type_as, fused_type_as, 0),
+    ]
+    for search, *_ in forms:
+        search.__name__ = f"_rms_{search.__name__}_{style}"
+    return forms
+
+
 # ---- registration ------------------------------------------------------------------------------------
 
 
@@ -298,6 +349,24 @@ def register(pm: PatternMatcherPass, opts) -> None:
     )
     B, S, D = 2, 5, 16
     for style in _STYLES:
+        # the cast forms first: each contains a plain form. Traced for bf16 x (fp16 traces to the same pattern:
+        # the matcher re-traces each match on its own dtypes), each weight and modulation dtype.
+        # Only where the final cast is a real conversion: a no-op cast is not traced, and the form would then
+        # be a plain one with the wrong out_dtype (skip_duplicates would even drop the right plain entry).
+        for search, replace, n_params in _cast_forms(style):
+            for w_dtype in (torch.bfloat16, torch.float32):
+                for m_dtype in (torch.bfloat16, torch.float32):
+                    x = torch.empty(B, S, D, dtype=torch.bfloat16)
+                    mod = [torch.empty(B, 1, D, dtype=m_dtype) for _ in range(2)]
+                    params = [torch.empty(D, dtype=w_dtype)][:n_params]
+                    weight = params[0] if params else None
+                    norm_dtype = rms_norm_out_dtype(x, weight, None, style)
+                    if "type_as" in search.__name__:
+                        real_cast = rms_expression_dtype(x, weight, None, style, *mod) != x.dtype
+                    else:
+                        real_cast = norm_dtype != torch.float32
+                    if real_cast:
+                        reg(search, replace, [x, *params, *mod, _EPS_MAGIC], extra_check=supported)
         for search, replace, n_params, chunks in _forms(style):
             if n_params == 2 and style == "torch":
                 continue  # the rms_norm family makes style="torch" calls without a bias (torch.rms_norm has none)
