@@ -175,6 +175,60 @@ def test_ernie_fp32_modulation_form_fuses(dtype, mod_dtype):
     assert_matches(out, eager, scale=8.0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_minimax_h3_packed_rows_fuse(dtype):
+    """MiniMax-H3: a packed [T, D] sequence (rank 2), per-row modulation gathered with index_select:
+    norm(h) * (1.0 + scale.index_select(0, idx)) + shift.index_select(0, idx), torch.nn.RMSNorm."""
+    norm = randomize(nn.RMSNorm(D, eps=1e-6)).to(dtype)
+
+    def f(h, emb, idx):
+        shift, scale = emb.chunk(2, dim=-1)
+        return norm(h) * (1.0 + scale.index_select(0, idx)) + shift.index_select(0, idx)
+
+    h, emb, idx = torch.randn(9, D, dtype=dtype), torch.randn(3, 2 * D, dtype=dtype) * 0.5, torch.randint(0, 3, (9,))
+    b, out, eager = compile_and_run(f, h, emb, idx, inductor=False)
+    assert_one_adaln(b)
+    assert_matches(out, eager, scale=8.0)
+
+
+def test_stable_audio3_modulate_helper_fuses():
+    """StableAudio3: _modulate(pre_norm(h), shift, scale) = x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1), its
+    own fp32 RMSNorm with a gamma (the rms_norm family fuses it first)."""
+    from diffusers.models.transformers.transformer_stable_audio3 import StableAudio3RMSNorm, _modulate
+
+    norm = StableAudio3RMSNorm(D)
+    with torch.no_grad():
+        norm.gamma.copy_(torch.randn(D) * 0.3 + 1.0)
+
+    def f(h, shift, scale):
+        return _modulate(norm(h), shift, scale)
+
+    h, shift, scale = torch.randn(2, 5, D), torch.randn(2, D), torch.randn(2, D) * 0.5
+    b, out, eager = compile_and_run(f, h, shift, scale, inductor=False)
+    assert_one_adaln(b)
+    ref64 = rms_modulation64(h, norm.gamma, None, 1e-6, scale[:, None], shift[:, None])
+    torch.testing.assert_close(out, ref64.float())
+    assert_matches(out, eager)
+
+
+def test_krea2_scale_first_zero_centred_norm_fuses():
+    """Krea2: (1.0 + prescale) * norm1(h) + preshift, Krea2RMSNorm = F.rms_norm(h.float(), weight=w + 1.0)."""
+    from diffusers.models.transformers.transformer_krea2 import Krea2RMSNorm
+
+    norm = randomize(Krea2RMSNorm(D, eps=1e-5))
+
+    def f(h, prescale, preshift):
+        return (1.0 + prescale) * norm(h) + preshift
+
+    h = torch.randn(2, 5, D)
+    scale, shift = modulation(2, 5, torch.float32)
+    b, out, eager = compile_and_run(f, h, scale, shift, inductor=False)
+    assert_one_adaln(b)
+    ref64 = rms_modulation64(h, norm.weight.detach() + 1.0, None, 1e-5, scale, shift)
+    torch.testing.assert_close(out, ref64.float())
+    assert_matches(out, eager)
+
+
 @pytest.mark.parametrize("inductor", [False, True])
 def test_one_norm_modulated_twice_fuses_twice(inductor):
     """LTX2's audio-to-video and video-to-audio cross-attention modulate one norm_hidden_states twice
