@@ -336,6 +336,9 @@ def test_opcheck_with_inputs_that_require_grad():
          {"style": "diffusers"}),
         (ops.rope.default, (randn(2, 3, 2, D), randn(3, 1, D), randn(3, 1, D)), {"interleaved": False}),
         (ops.adaln.default, (randn(2, 3, D), randn(2, 1, D), randn(2, 1, D), 1e-6, randn(D), randn(D)), {}),
+        (ops.adaln.default, (randn(2, 3, D), randn(2, 1, D), randn(2, 1, D), 1e-6, randn(D)), {"norm": "rms"}),
+        (ops.adaln.default, (randn(2, 3, D), randn(2, 3, D), None, 1e-6), {"norm": "rms"}),
+        (ops.adaln.default, (randn(2, 3, D, dtype=torch.bfloat16), randn(2, 1, D), None, 1e-6), {}),
         (ops.gelu_tanh.default, (randn(4, D),), {}),
         (ops.fast_gelu.default, (randn(4, D, dtype=torch.float16),), {}),
         (ops.mul_add.default, (randn(2, 3, D), randn(2, 1, D), randn(2, 3, D)), {}),
@@ -349,11 +352,14 @@ def test_opcheck_with_inputs_that_require_grad():
 # ---- training through torch.compile (aot_autograd) ------------------------------------------------------
 
 def _block(x, w, cos, sin, emb, res):
-    """A DiT-ish block built from every op: rms_norm -> rope -> adaln -> gelu -> gated residual (+ scalar)."""
+    """A DiT-ish block built from every op: rms_norm -> rope -> adaln (layer; rms; rms without shift) -> gelu ->
+    gated residual (+ scalar)."""
     shift, scale, gate = emb.chunk(3, dim=1)
     h = fusegraph.ops.rms_norm(x, w, 1e-6)
     h = fusegraph.ops.rope(h.unflatten(-1, (2, -1)), cos, sin, interleaved=True).flatten(-2)
     h = fusegraph.ops.adaln(h, scale[:, None], shift[:, None], 1e-6)
+    h = fusegraph.ops.adaln(h, scale[:, None], shift[:, None], 1e-6, norm="rms")
+    h = fusegraph.ops.adaln(h, scale[:, None], None, 1e-6, weight=w, norm="rms")
     h = fusegraph.ops.gelu_tanh(h) + fusegraph.ops.fast_gelu(h)
     h = fusegraph.ops.mul_add(h, gate[:, None], res)
     return fusegraph.ops.mul_add(h, 0.5, res)
@@ -384,6 +390,8 @@ def test_compiled_training_step_matches_eager_formula():
         h = torch.rms_norm(x, [D], w, 1e-6).unflatten(-1, (2, -1))
         h = (h * cos + rope_rot(h, True) * sin).flatten(-2)
         h = F.layer_norm(h, [D], eps=1e-6) * (1 + scale[:, None]) + shift[:, None]
+        h = torch.rms_norm(h, [D], None, 1e-6) * (1 + scale[:, None]) + shift[:, None]
+        h = torch.rms_norm(h, [D], w, 1e-6) * (1 + scale[:, None])
         h = F.gelu(h, approximate="tanh") + h * torch.sigmoid(1.702 * h)
         h = res + gate[:, None] * h
         return h * 0.5 + res
