@@ -24,11 +24,11 @@ def adaln(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor | None, eps:
         \sigma^2 = \tfrac1D \textstyle\sum_j (x_j - \mu)^2,\quad
         n = \frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}}
 
-    and for ``norm="rms"`` (RMSNorm, as :func:`fusegraph.rms_norm` computes it: mean of squares and ``+ eps``
+    and for ``norm="rms"`` (RMSNorm, as :func:`fusegraph.ops.rms_norm` computes it: mean of squares and ``+ eps``
     in float32) :math:`n = x / \sqrt{\tfrac1D \sum_j x_j^2 + \epsilon}`.
 
-    i.e. ``layer_norm(x, [D], weight, bias, eps) * (1 + scale) + shift``, or ``(rms_norm(x, [D], eps) * weight
-    + bias) * (1 + scale) + shift``, all in float32, rounded once. ``shift=None``: no shift term
+    i.e. ``layer_norm(x, [D], weight, bias, eps) * (1 + scale) + shift``, or ``(torch.rms_norm(x, [D], None, eps)
+    * weight + bias) * (1 + scale) + shift``, all in float32, rounded once. ``shift=None``: no shift term
     (``norm(x) * (1 + scale)``: Lumina's ``LuminaRMSNormZero``, Mochi, Z-Image). ``x`` has rank >= 2 (usually
     ``[B, S, D]``); ``scale`` and ``shift`` broadcast to it with last dim ``D`` (``[B, 1, D]`` views from
     ``emb.chunk(6, dim=1)[i][:, None]`` are read in place, as are per-token ``[B, S, D]``, ``[D]`` and
