@@ -147,8 +147,10 @@ class FusionPatterns(_ConfigBase):
                                           "Wan's across-heads RMSNorm) into fusegraph.rms_norm.")
     enable_rope = _Field(True, _bool, "Fuse rotary embeddings (diffusers apply_rotary_emb, Wan's RoPE) into "
                                       "fusegraph.rope.")
-    enable_adalayernorm = _Field(True, _bool, "Fuse adaptive LayerNorm modulation layer_norm(x)*(1+scale)+shift "
-                                              "into fusegraph.adaln.")
+    enable_adalayernorm = _Field(True, _bool, "Fuse adaptive norm modulation into fusegraph.adaln: three "
+                                              "families, switched together: adaln (layer_norm(x)*(1+scale)+shift), "
+                                              "adaln_rms (RMSNorm(x)*(1+scale)+shift) and adaln_noshift "
+                                              "(LayerNorm or RMSNorm(x)*(1+scale), no shift).")
     enable_fast_gelu = _Field(True, _bool, "Fuse tanh-GELU (gelu(x, approximate='tanh')) into one kernel.")
     enable_mul_add = _Field(True, _bool, "Fuse a*b+c (gated residuals, x*scalar+y) into fusegraph.mul_add.")
     gelu_approximation = _Field("tanh", _choice("tanh", "sigmoid"),
@@ -159,6 +161,7 @@ class FusionPatterns(_ConfigBase):
     def enabled_families(self) -> tuple:
         """Pattern families switched on, in pass order."""
         flags = {"adaln": self.enable_adalayernorm, "rope": self.enable_rope, "rms_norm": self.enable_rms_norm,
+                 "adaln_rms": self.enable_adalayernorm, "adaln_noshift": self.enable_adalayernorm,
                  "gelu": self.enable_fast_gelu, "mul_add": self.enable_mul_add}
         return tuple(name for name, on in flags.items() if on)
 

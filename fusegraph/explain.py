@@ -8,8 +8,8 @@ otherwise: the same passes, no codegen) while an observer watches ``passes.fuse_
   node it replaced last (the match's output), so the replaced nodes' own source lines are recovered from the
   snapshot: each removed node belongs to the site its chain of removed users ends in.
 * **unfused candidates**: after each family's pass, the ops that family exists to fuse and that are still in
-  the graph (an RMSNorm's ``mean(x²)`` / ``rsqrt``, a LayerNorm's ``var_mean``, ``tanh``, complex multiplies,
-  ``mul`` feeding ``add``). The reason is found by running that family's registered patterns at the ops after
+  the graph (an RMSNorm's ``mean(x²)`` / ``rsqrt``, a LayerNorm's ``var_mean``, a fused RMSNorm or a LayerNorm
+  followed by ``* (1 + scale)`` with or without a shift, ``tanh``, complex multiplies, ``mul`` feeding ``add``). The reason is found by running that family's registered patterns at the ops after
   the candidate, in its own function: a pattern that matches but whose check refuses it, the matcher's own
   failure message, or no registered form at all. A family switched off says so.
 * **graph breaks**: the reason Dynamo gives for ending each graph, with its source line.
@@ -274,12 +274,54 @@ def _rms_anchor(node) -> Optional[str]:
     return None
 
 
-def _adaln_anchor(node) -> Optional[str]:
+def _layer_norm_label(node) -> Optional[str]:
     if _is(node, _aten.var_mean.correction):
         return "var_mean"
     if _is(node, _aten.native_layer_norm.default, _aten.layer_norm.default):
         return "layer_norm"
     return None
+
+
+_FUSED_RMS_NORM = torch.ops.fusegraph.rms_norm.default
+
+
+def _modulation(anchor) -> Optional[str]:
+    """The modulation after a norm: ``"shift"`` for ``norm * (1 + s) + t`` (a tensor added to the product),
+    ``"noshift"`` for ``norm * (1 + s)`` alone, None when no ``* (1 + s)`` follows. The ``(1 + s)`` (through
+    views) must come from elsewhere than the norm itself: the ``1 + erf(...)`` of a GELU after the norm's
+    linear is no modulation."""
+    for n in _nearby(anchor):
+        if not _is(n, _aten.mul.Tensor):
+            continue
+        for a in n.args:
+            while _is(a, *_VIEWS):
+                a = a.args[0]
+            if _is(a, _aten.add.Tensor) and any(c == 1 for c in a.args if not isinstance(c, torch.fx.Node)) \
+                    and not _reads(a, anchor):
+                users = list(n.users)
+                shifted = len(users) == 1 and _is(users[0], _aten.add.Tensor) and \
+                    all(isinstance(c, torch.fx.Node) for c in users[0].args[:2])
+                return "shift" if shifted else "noshift"
+    return None
+
+
+def _adaln_anchor(node) -> Optional[str]:
+    """A LayerNorm, unless a modulation without shift follows it (then it is an adaln_noshift candidate). One
+    with no modulation at all is listed as no site (``_adaln_hint``)."""
+    label = _layer_norm_label(node)
+    return label if label is not None and _modulation(node) != "noshift" else None
+
+
+def _adaln_rms_anchor(node) -> Optional[str]:
+    """A fused RMSNorm followed by ``* (1 + scale) + shift``. (An RMSNorm still unfused is the rms_norm
+    family's candidate: this family starts at the fused op.)"""
+    return "fusegraph.rms_norm" if _is(node, _FUSED_RMS_NORM) and _modulation(node) == "shift" else None
+
+
+def _adaln_noshift_anchor(node) -> Optional[str]:
+    """A LayerNorm or a fused RMSNorm followed by ``* (1 + scale)`` with no shift."""
+    label = "fusegraph.rms_norm" if _is(node, _FUSED_RMS_NORM) else _layer_norm_label(node)
+    return label if label is not None and _modulation(node) == "noshift" else None
 
 
 def _gelu_anchor(node) -> Optional[str]:
@@ -314,6 +356,8 @@ CANDIDATES: dict = {
     "adaln": _adaln_anchor,
     "rope": _rope_anchor,
     "rms_norm": _rms_anchor,
+    "adaln_rms": _adaln_rms_anchor,
+    "adaln_noshift": _adaln_noshift_anchor,
     "gelu": _gelu_anchor,
     "mul_add": _mul_add_anchor,
 }
@@ -557,6 +601,19 @@ def _reason(family: str, anchor: torch.fx.Node, pm) -> str:
     return f"closest {family} form '{form}' (ending at {node.name}) fails: {why}"
 
 
+@contextlib.contextmanager
+def _explicit_rms_calls(graph: torch.fx.Graph):
+    """The graph's fused rms_norm calls with every argument explicit, as the adaln_rms / adaln_noshift patterns
+    see them during their pass (``patterns.adaln_rms.canonical_rms_calls``), then back in the traced form."""
+    from .fusion.patterns.adaln_rms import canonical_rms_calls
+
+    canonical_rms_calls(graph)
+    try:
+        yield
+    finally:
+        canonical_rms_calls(graph, explicit=False)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The observer
 
@@ -603,20 +660,26 @@ class _Observer:
 
     def _record_reasons(self, family: str, graph: torch.fx.Graph) -> None:
         pm = passes.pattern_pass(family, self.opts)
-        for fam, node, _ in _candidates(graph, (family,)):
-            if node not in self.reasons:
-                self.reasons[node] = _reason(fam, node, pm)
+        with _explicit_rms_calls(graph):
+            for fam, node, _ in _candidates(graph, (family,)):
+                if node not in self.reasons:
+                    self.reasons[node] = _reason(fam, node, pm)
 
     def _finish(self, graph: torch.fx.Graph) -> None:
         nodes = set(graph.nodes)
         self.sites = [site for node, site in self.fused.items() if node in nodes]
-        for family, node, label in _candidates(graph, passes.FAMILIES):
+        with _explicit_rms_calls(graph):
+            candidates = _candidates(graph, passes.FAMILIES)
+            reasons = {node: self.reasons.get(node) or _reason(family, node, passes.pattern_pass(family, self.opts))
+                       for family, node, _ in candidates
+                       if family in self.enabled and family in self.ran}
+        for family, node, label in candidates:
             if family not in self.enabled:
                 reason = f"the {family} family is disabled by the config"
             elif family not in self.ran:
                 reason = f"the {family} family did not run on this graph (left off by verification)"
             else:
-                reason = self.reasons.get(node) or _reason(family, node, passes.pattern_pass(family, self.opts))
+                reason = reasons[node]
             status = "no site" if reason == _NO_MODULATION else "unfused"
             site = _place(Site(family, status, label, reason=reason, graph=self.graph_index), _node_frames(node))
             site.lines = [f"{site.file}:{site.line}"] if site.file else []

@@ -138,6 +138,10 @@ cases = {
     "rms_norm": (lambda: ops.rms_norm(x, w, 1e-6), lambda: torch.rms_norm(x, (D,), w, 1e-6), 2 * x.nbytes),
     "adaln": (lambda: ops.adaln(x, scale, shift, 1e-6),
               lambda: F.layer_norm(x, (D,), eps=1e-6) * (1 + scale) + shift, 2 * x.nbytes),
+    "adaln_rms": (lambda: ops.adaln(x, scale, shift, 1e-6, norm="rms"),
+                  lambda: torch.rms_norm(x, (D,), None, 1e-6) * (1 + scale) + shift, 2 * x.nbytes),
+    "adaln_noshift": (lambda: ops.adaln(x, scale, None, 1e-6, weight=w, norm="rms"),
+                      lambda: torch.rms_norm(x, (D,), w, 1e-6) * (1 + scale), 2 * x.nbytes),
     "rope_half": (lambda: ops.rope(q, cos, sin, interleaved=False),
                   lambda: (q.float() * cos + rot_half(q).float() * sin).to(bf16), 2 * q.nbytes + 2 * cos.nbytes),
     "gelu_tanh": (lambda: ops.gelu_tanh(x), lambda: F.gelu(x, approximate="tanh"), 2 * x.nbytes),
@@ -159,7 +163,7 @@ def ms(fn, iters=50):
 
 
 results = {}
-print(f"{'op':10s} {'fused ms':>9s} {'eager ms':>9s} {'copy ms':>9s} {'fused GB/s':>10s} {'max|diff|':>10s}")
+print(f"{'op':13s} {'fused ms':>9s} {'eager ms':>9s} {'copy ms':>9s} {'fused GB/s':>10s} {'max|diff|':>10s}")
 for name, (fused, eager, nbytes) in cases.items():
     src = torch.empty(nbytes // 2, dtype=torch.uint8, device=dev)  # copy: reads and writes nbytes in all
     dst = torch.empty_like(src)
@@ -167,7 +171,7 @@ for name, (fused, eager, nbytes) in cases.items():
     diff = (fused().float() - eager().float()).abs().max().item()
     results[name] = dict(fused_ms=t_f, eager_ms=t_e, copy_ms=t_c, bytes=nbytes, fused_gbps=nbytes / t_f / 1e6,
                          max_abs_diff_vs_eager=diff)
-    print(f"{name:10s} {t_f:9.4f} {t_e:9.4f} {t_c:9.4f} {nbytes / t_f / 1e6:10.1f} {diff:10.3g}")
+    print(f"{name:13s} {t_f:9.4f} {t_e:9.4f} {t_c:9.4f} {nbytes / t_f / 1e6:10.1f} {diff:10.3g}")
 json.dump(dict(device=torch.cuda.get_device_name(0), torch=torch.__version__,
                shapes=dict(B=B, S=S, D=D, H=H, HD=HD), results=results), open(sys.argv[1], "w"), indent=1)
 PYEOF

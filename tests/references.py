@@ -29,12 +29,21 @@ def rms_norm_tol(weight, style, out_dtype):
     return dict(rtol=2 * torch.finfo(out_dtype).eps, atol=1e-5)
 
 
-def adaln_ref(x, scale, shift, eps=1e-6, weight=None, bias=None):
-    """float64 layer_norm(x, [D], weight, bias, eps) * (1 + scale) + shift."""
+def adaln_ref(x, scale, shift, eps=1e-6, weight=None, bias=None, norm="layer"):
+    """float64 ``norm(x) [* weight + bias] * (1 + scale) [+ shift]``: norm "layer" is ``layer_norm(x, [D])``,
+    "rms" is ``x / sqrt(mean(x^2) + eps)``; shift None: no shift term."""
     w = weight.double() if weight is not None else None
     b = bias.double() if bias is not None else None
-    ln = F.layer_norm(x.double(), [x.shape[-1]], w, b, eps)
-    return ln * (1 + scale.double()) + shift.double()
+    x64 = x.double()
+    if norm == "layer":
+        n = F.layer_norm(x64, [x.shape[-1]], w, b, eps)
+    else:
+        assert norm == "rms", norm
+        n = x64 / torch.sqrt(x64.square().mean(-1, keepdim=True) + eps)
+        n = n * w if w is not None else n
+        n = n + b if b is not None else n
+    y = n * (1 + scale.double())
+    return y + shift.double() if shift is not None else y
 
 
 def rope_rot(x, interleaved: bool):

@@ -38,14 +38,21 @@ void check_modulation(const at::Tensor& x, const at::Tensor& m, const char* arg)
 
 }  // namespace
 
-at::ScalarType check_adaln_args(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift, double eps,
-                                const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
-                                std::optional<at::ScalarType> out_dtype) {
+AdalnNorm parse_adaln_norm(c10::string_view norm) {
+  if (norm == "layer") return AdalnNorm::Layer;
+  if (norm == "rms") return AdalnNorm::Rms;
+  TORCH_CHECK_VALUE(false, "fusegraph.adaln: argument 'norm' is \"", norm, "\"; expected \"layer\" or \"rms\"");
+}
+
+at::ScalarType check_adaln_args(const at::Tensor& x, const at::Tensor& scale, const std::optional<at::Tensor>& shift,
+                                double eps, const std::optional<at::Tensor>& weight,
+                                const std::optional<at::Tensor>& bias, std::optional<at::ScalarType> out_dtype) {
   check_float_tensor(x, "adaln", "x");
   TORCH_CHECK(x.dim() >= 2, "fusegraph.adaln: argument 'x' has shape ", x.sizes(), " (", x.dim(),
               " dims); expected at least 2 dims, e.g. [B, S, D]");
   check_modulation(x, scale, "scale");
-  check_modulation(x, shift, "shift");
+  const bool has_shift = shift.has_value() && shift->defined();
+  if (has_shift) check_modulation(x, *shift, "shift");
   const bool has_w = weight.has_value() && weight->defined();
   const bool has_b = bias.has_value() && bias->defined();
   if (has_w) check_param(x, *weight, "weight");
@@ -53,23 +60,32 @@ at::ScalarType check_adaln_args(const at::Tensor& x, const at::Tensor& scale, co
   check_eps(eps, "adaln");
   check_out_dtype(out_dtype, "adaln");
   if (out_dtype.has_value()) return *out_dtype;
-  // Eager `layer_norm(x, [D], w, b) * (1 + scale) + shift`: every operand has >= 1 dim, so
-  // torch.result_type is plain dtype promotion over all of them.
-  at::ScalarType t = at::promote_types(x.scalar_type(), at::promote_types(scale.scalar_type(), shift.scalar_type()));
+  // Eager `norm(x)[* w + b] * (1 + scale) [+ shift]`: every operand has >= 1 dim, so torch.result_type is
+  // plain dtype promotion over all of them.
+  at::ScalarType t = at::promote_types(x.scalar_type(), scale.scalar_type());
+  if (has_shift) t = at::promote_types(t, shift->scalar_type());
   if (has_w) t = at::promote_types(t, weight->scalar_type());
   if (has_b) t = at::promote_types(t, bias->scalar_type());
   return t;
 }
 
-at::Tensor adaln_float64(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift, double eps,
-                         const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
-                         at::ScalarType out_dtype) {
+at::Tensor adaln_float64(const at::Tensor& x, const at::Tensor& scale, const std::optional<at::Tensor>& shift,
+                         double eps, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                         at::ScalarType out_dtype, AdalnNorm norm) {
   const auto f64 = [](const std::optional<at::Tensor>& t) {
     return t.has_value() && t->defined() ? std::optional<at::Tensor>(t->to(at::kDouble)) : std::nullopt;
   };
-  const at::Tensor y = at::layer_norm(x.to(at::kDouble), {x.size(-1)}, f64(weight), f64(bias), eps) *
-                           (1 + scale.to(at::kDouble)) +
-                       shift.to(at::kDouble);
+  const at::Tensor x64 = x.to(at::kDouble);
+  at::Tensor n;
+  if (norm == AdalnNorm::Layer) {
+    n = at::layer_norm(x64, {x.size(-1)}, f64(weight), f64(bias), eps);
+  } else {
+    n = x64 * at::rsqrt(x64.square().mean(-1, /*keepdim=*/true) + eps);
+    if (const auto w = f64(weight)) n = n * *w;
+    if (const auto b = f64(bias)) n = n + *b;
+  }
+  at::Tensor y = n * (1 + scale.to(at::kDouble));
+  if (const auto s = f64(shift)) y = y + *s;
   return new_output(x.sizes(), x.options().dtype(out_dtype)).copy_(y);
 }
 
@@ -79,30 +95,35 @@ at::Tensor last_dim_contiguous(const at::Tensor& t) {
   return (t.size(-1) <= 1 || t.stride(-1) == 1) ? t : t.contiguous();
 }
 
-at::Tensor adaln_cpu(const at::Tensor& x_in, const at::Tensor& scale_in, const at::Tensor& shift_in, double eps,
-                     const std::optional<at::Tensor>& weight_in, const std::optional<at::Tensor>& bias_in,
-                     std::optional<at::ScalarType> out_dtype_in) {
+at::Tensor adaln_cpu(const at::Tensor& x_in, const at::Tensor& scale_in, const std::optional<at::Tensor>& shift_in,
+                     double eps, const std::optional<at::Tensor>& weight_in, const std::optional<at::Tensor>& bias_in,
+                     std::optional<at::ScalarType> out_dtype_in, c10::string_view norm_name) {
+  const AdalnNorm norm = parse_adaln_norm(norm_name);
   const at::ScalarType out_dtype = check_adaln_args(x_in, scale_in, shift_in, eps, weight_in, bias_in, out_dtype_in);
+  const bool has_shift = shift_in.has_value() && shift_in->defined();
   const bool has_w = weight_in.has_value() && weight_in->defined();
   const bool has_b = bias_in.has_value() && bias_in->defined();
-  if (uses_float64({&x_in, &scale_in, &shift_in, has_w ? &*weight_in : nullptr, has_b ? &*bias_in : nullptr},
+  if (uses_float64({&x_in, &scale_in, has_shift ? &*shift_in : nullptr, has_w ? &*weight_in : nullptr,
+                    has_b ? &*bias_in : nullptr},
                    out_dtype)) {
-    return adaln_float64(x_in, scale_in, shift_in, eps, weight_in, bias_in, out_dtype);
+    return adaln_float64(x_in, scale_in, shift_in, eps, weight_in, bias_in, out_dtype, norm);
   }
 
   const at::Tensor x = last_dim_contiguous(x_in);
   const int64_t D = x.size(-1);
   // The kernel reads scale and shift in one dtype, x's or float32. The usual cases (both x's dtype, or
   // both float32) are read in place; any other mix is upcast to float32 (exact) first.
-  at::Tensor scale = scale_in, shift = shift_in;
+  at::Tensor scale = scale_in;
+  at::Tensor shift = has_shift ? *shift_in : at::Tensor();
   const at::ScalarType sd = scale.scalar_type();
-  if (!(sd == shift.scalar_type() && (sd == x.scalar_type() || sd == at::kFloat))) {
+  if (!((!has_shift || sd == shift.scalar_type()) && (sd == x.scalar_type() || sd == at::kFloat))) {
     scale = scale.to(at::kFloat);
-    shift = shift.to(at::kFloat);
+    if (has_shift) shift = shift.to(at::kFloat);
   }
   // Broadcast views (0 strides): a [B,1,D] chunk of an embedding is read in place, row by row.
   scale = last_dim_contiguous(scale).expand(x.sizes());
-  shift = last_dim_contiguous(shift).expand(x.sizes());
+  // No shift: the layout's third tensor repeats scale's strides (the kernel reads no shift).
+  shift = has_shift ? last_dim_contiguous(shift).expand(x.sizes()) : scale;
   const at::Tensor w = has_w ? weight_in->to(at::kFloat).contiguous() : at::Tensor();
   const at::Tensor b = has_b ? bias_in->to(at::kFloat).contiguous() : at::Tensor();
 
@@ -114,7 +135,7 @@ at::Tensor adaln_cpu(const at::Tensor& x_in, const at::Tensor& scale_in, const a
                          {x.strides().slice(0, k), scale.strides().slice(0, k), shift.strides().slice(0, k)});
   AdalnKernelArgs args{x.const_data_ptr(),
                        scale.const_data_ptr(),
-                       shift.const_data_ptr(),
+                       has_shift ? shift.const_data_ptr() : nullptr,
                        out.mutable_data_ptr(),
                        has_w ? w.const_data_ptr<float>() : nullptr,
                        has_b ? b.const_data_ptr<float>() : nullptr,
@@ -124,7 +145,8 @@ at::Tensor adaln_cpu(const at::Tensor& x_in, const at::Tensor& scale_in, const a
                        out.numel() / D,
                        D,
                        eps,
-                       &layout};
+                       &layout,
+                       norm == AdalnNorm::Rms};
   adaln_stub.get("adaln")(args);
   return out;
 }

@@ -80,6 +80,21 @@ def adaln_eager(x, emb):
     return F.layer_norm(x, (x.shape[-1],), eps=EPS) * (1 + scale[:, None]) + shift[:, None]
 
 
+def adaln_rms_eager(x, emb):
+    # LTX block (transformer_ltx.py): norm1 = RMSNorm(dim, elementwise_affine=False) (diffusers RMSNorm, no weight:
+    # fp32 variance, cast back to x's dtype), then norm_hidden_states * (1 + scale_msa) + shift_msa.
+    shift, scale, _gate = emb.chunk(3, dim=1)
+    variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+    n = (x * torch.rsqrt(variance + EPS)).to(x.dtype)
+    return n * (1 + scale[:, None]) + shift[:, None]
+
+
+def adaln_noshift_eager(x, weight, emb):
+    # LuminaRMSNormZero.forward after its linear: RMSNorm (diffusers, with weight) then * (1 + scale_msa[:, None]).
+    scale = emb.chunk(3, dim=1)[0]
+    return rms_norm_diffusers_eager(x, weight) * (1 + scale[:, None])
+
+
 def gelu_tanh_eager(x):
     # FluxSingleTransformerBlock.act_mlp = nn.GELU(approximate="tanh"); FeedForward "gelu-approximate".
     return F.gelu(x, approximate="tanh")
@@ -114,6 +129,16 @@ def rope_partial_fused(x, cos, sin):
 def adaln_fused(x, emb):
     shift, scale, _gate = emb.chunk(3, dim=1)
     return fops.adaln(x, scale[:, None], shift[:, None], EPS)
+
+
+def adaln_rms_fused(x, emb):
+    shift, scale, _gate = emb.chunk(3, dim=1)
+    return fops.adaln(x, scale[:, None], shift[:, None], EPS, norm="rms")
+
+
+def adaln_noshift_fused(x, weight, emb):
+    scale = emb.chunk(3, dim=1)[0]
+    return fops.adaln(x, scale[:, None], None, EPS, weight=weight, norm="rms")
 
 
 def gelu_tanh_fused(x):
@@ -157,6 +182,11 @@ def adaln_inputs(shape, dtype, device):
     return _randn(shape, dtype, device), _randn((shape[0], 3 * shape[-1]), dtype, device, 0.5)
 
 
+def adaln_weight_inputs(shape, dtype, device):
+    return (_randn(shape, dtype, device), _randn(shape[-1:], dtype, device, 0.1, 1.0),
+            _randn((shape[0], 3 * shape[-1]), dtype, device, 0.5))
+
+
 def gelu_inputs(shape, dtype, device):
     return (_randn(shape, dtype, device, 2.0),)
 
@@ -187,6 +217,9 @@ CASES = [
     Case("rope", "rope[rotary_dim=D/2]", (1, 4096, 24, 128), (1, 64, 4, 32), rope_partial_inputs,
          rope_partial_eager, rope_partial_fused),
     Case("adaln", "adaln", (1, 4096, 3072), (2, 64, 256), adaln_inputs, adaln_eager, adaln_fused),
+    Case("adaln", "adaln[rms]", (1, 4096, 3072), (2, 64, 256), adaln_inputs, adaln_rms_eager, adaln_rms_fused),
+    Case("adaln", "adaln[rms, no shift]", (1, 4096, 3072), (2, 64, 256), adaln_weight_inputs,
+         adaln_noshift_eager, adaln_noshift_fused),
     Case("gelu_tanh", "gelu_tanh", (1, 4096, 12288), (2, 64, 1024), gelu_inputs,
          gelu_tanh_eager, gelu_tanh_fused),
     Case("mul_add", "mul_add", (1, 4096, 3072), (2, 64, 256), mul_add_inputs, mul_add_eager, mul_add_fused),

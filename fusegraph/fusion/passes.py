@@ -28,7 +28,10 @@ from ..stats import PATTERN_NAMES
 log = logging.getLogger("fusegraph")
 
 # Pass order: a family whose pattern contains another's runs first (adaln and rope before mul_add, ...).
-FAMILIES = ("adaln", "rope", "rms_norm", "gelu", "mul_add")
+# adaln_rms and adaln_noshift match on the fused rms_norm op, so they run after rms_norm (in the same round);
+# adaln runs before adaln_noshift, so a LayerNorm modulation with a shift is never split into two ops; both
+# run before gelu and mul_add, which would otherwise take the modulation's ``* (1 + scale) + shift``.
+FAMILIES = ("adaln", "rope", "rms_norm", "adaln_rms", "adaln_noshift", "gelu", "mul_add")
 assert set(FAMILIES) == set(PATTERN_NAMES)
 
 # Options (FusionPatterns attribute names) that change what a family registers, beyond its on/off switch.
@@ -240,6 +243,7 @@ class GraphLog:
 _VERIFY_RTOL = {torch.float64: 1e-7, torch.float32: 1e-4, torch.bfloat16: 1.6e-2, torch.float16: 1e-3}
 _VERIFY_ATOL = 1e-5  # all-zero outputs
 _FAMILY_SWITCH = {"adaln": "enable_adalayernorm", "rope": "enable_rope", "rms_norm": "enable_rms_norm",
+                  "adaln_rms": "enable_adalayernorm", "adaln_noshift": "enable_adalayernorm",
                   "gelu": "enable_fast_gelu", "mul_add": "enable_mul_add"}
 assert set(_FAMILY_SWITCH) == set(FAMILIES)
 
@@ -308,10 +312,13 @@ def _input_mismatch(val, real) -> Optional[str]:
 
 
 def _only(opts, families):
-    """A copy of ``opts`` with exactly ``families`` switched on (their other options unchanged)."""
+    """A copy of ``opts`` with the switches of ``families`` on and every other switch off (their other options
+    unchanged). Families that share a switch (``enable_adalayernorm``: adaln, adaln_rms, adaln_noshift) are
+    then told apart by ``fuse_graph``'s ``only_families``."""
     new = copy.deepcopy(opts)
-    for family, switch in _FAMILY_SWITCH.items():
-        setattr(new, switch, family in families)
+    on = {_FAMILY_SWITCH[f] for f in families}
+    for switch in set(_FAMILY_SWITCH.values()):
+        setattr(new, switch, switch in on)
     return new
 
 
@@ -426,15 +433,15 @@ class _Verifier:
         written = _written_placeholders(graph)
         self.keep = {i for i, x in enumerate(self.inputs) if isinstance(x, torch.nn.Parameter) and i not in written}
 
-    def run(self, opts=None):
+    def run(self, opts=None, families=None):
         """(outputs or the exception raised, counts, sites per family) of a copy fused with ``opts`` (None:
-        the unfused graph)."""
+        the unfused graph), only ``families`` of them when given."""
         graph = copy.deepcopy(self.pristine)
         gm = torch.fx.GraphModule(self.root, graph)
         counts, sites = {name: 0 for name in FAMILIES}, {}
         if opts is not None:
             before = set(graph.nodes)
-            counts = fuse_graph(gm, opts, redundant=self.redundant)
+            counts = fuse_graph(gm, opts, redundant=self.redundant, only_families=families)
             for node in graph.nodes:
                 if node not in before and node.meta.get("stack_trace"):
                     sites.setdefault(_site(node), None)
@@ -462,21 +469,21 @@ def _verified(graph: torch.fx.Graph, opts, inputs, stats, redundant: bool):
     if isinstance(ref, Exception):
         _note(stats, f"verify skipped: the unfused graph did not run on the example inputs ({type(ref).__name__})",
               f": {ref}")
-        return opts, redundant
+        return opts, redundant, None
     allowed = list(opts.enabled_families())
     for _ in range(len(FAMILIES) + 1):
-        out, counts, _ = verifier.run(_only(opts, allowed))
+        out, counts, _ = verifier.run(_only(opts, allowed), allowed)
         why = _differs(ref, out)
         if why is None:
-            return _only(opts, allowed), redundant
+            return _only(opts, allowed), redundant, allowed
         active = [f for f in allowed if counts[f]]
         if not active:  # only the redundant-node pass ran
             _note(stats, "verify: the redundant-node pass changed the result; fusion left off for this graph",
                   f" ({why})")
-            return _only(opts, ()), False
+            return _only(opts, ()), False, []
         culprits, alone_sites = {}, {}
         for family in active:
-            alone, _, sites = verifier.run(_only(opts, (family,)))
+            alone, _, sites = verifier.run(_only(opts, (family,)), (family,))
             alone_why = _differs(ref, alone)
             alone_sites[family] = sites
             if alone_why is not None:
@@ -489,7 +496,7 @@ def _verified(graph: torch.fx.Graph, opts, inputs, stats, redundant: bool):
             _note(stats, f"verify: {family} changed the result beyond the dtype's tolerance; undone",
                   f" for this graph ({family_why}); sites: {', '.join(sites[:10]) or 'unknown'}{more}")
         allowed = [f for f in allowed if f not in culprits]
-    return _only(opts, ()), redundant  # not reached: each round undoes at least one family
+    return _only(opts, ()), redundant, []  # not reached: each round undoes at least one family
 
 
 def _differs(ref, out) -> Optional[str]:
@@ -519,7 +526,7 @@ def _run(name, fn, graph, glog, observer=None):
 
 
 def fuse_graph(gm_or_graph, config=None, *, stats=None, graph_log: Optional[GraphLog] = None,
-               redundant: bool = True, observer=None, verify_inputs=None) -> dict:
+               redundant: bool = True, observer=None, verify_inputs=None, only_families=None) -> dict:
     """Runs the redundant-node pass and the enabled pattern families (in ``FAMILIES`` order) on the graph
     until nothing changes. ``config`` is a CompilationConfig, a FusionPatterns or None (process defaults).
     Returns ``{family: replacements}`` for every family (0 when disabled) and adds it to ``stats.patterns``.
@@ -527,16 +534,21 @@ def fuse_graph(gm_or_graph, config=None, *, stats=None, graph_log: Optional[Grap
     "after") and once at the end (``"fuse_graph", "done"``): ``fusegraph.explain`` reads the graph there.
     ``verify_inputs`` (real tensors for the graph's placeholders, in order; see ``verify_inputs_for``), when
     given: fused copies of the graph are first run against the unfused graph on them, and the families that
-    change the result are left off for this graph (logged with their sites, counted in ``stats.fallbacks``)."""
+    change the result are left off for this graph (logged with their sites, counted in ``stats.fallbacks``).
+    ``only_families``, when given, further limits the enabled families to those named (verification uses it to
+    leave off one of several families that share a switch)."""
     opts = _fusion_patterns(config)
     graph = gm_or_graph.graph if isinstance(gm_or_graph, torch.fx.GraphModule) else gm_or_graph
     if verify_inputs is not None:
         try:
-            opts, redundant = _verified(graph, opts, verify_inputs, stats, redundant)
+            opts, redundant, verified = _verified(graph, opts, verify_inputs, stats, redundant)
+            if verified is not None:
+                only_families = verified if only_families is None else [f for f in verified if f in only_families]
         except Exception as e:  # a safety net must never fail the compile it guards
             _note(stats, f"verify skipped: verification failed ({type(e).__name__})", f": {e}")
     counts = {name: 0 for name in FAMILIES}
-    families = [(f, pattern_pass(f, opts)) for f in opts.enabled_families()]
+    families = [(f, pattern_pass(f, opts)) for f in opts.enabled_families()
+                if only_families is None or f in only_families]
     for _ in range(_MAX_ROUNDS):
         changed = 0
         if redundant:

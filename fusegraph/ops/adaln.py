@@ -1,4 +1,4 @@
-"""Adaptive LayerNorm modulation (the DiT ``norm(x) * (1 + scale) + shift``)."""
+"""Adaptive norm modulation: the DiT ``norm(x) * (1 + scale) + shift``, LayerNorm or RMSNorm, shift optional."""
 from __future__ import annotations
 
 import torch
@@ -6,24 +6,36 @@ import torch
 from ._autograd import compute_dtype, grad_like, needs_input_grad, rows_sum, sum_to, register as register_autograd
 from ._checks import check_eps, check_float_tensor, check_out_dtype, check_same_device
 
+NORMS = ("layer", "rms")
 
-def adaln(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, eps: float = 1e-6, *,
+
+def adaln(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor | None, eps: float = 1e-6, *,
           weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-          out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    r"""LayerNorm over the last dim :math:`D`, then modulation:
+          out_dtype: torch.dtype | None = None, norm: str = "layer") -> torch.Tensor:
+    r"""A norm over the last dim :math:`D`, then modulation:
+
+    .. math::
+        y = (n\,w + b)\,(1 + \mathrm{scale}) + \mathrm{shift}
+
+    with, for ``norm="layer"`` (LayerNorm, biased variance)
 
     .. math::
         \mu = \tfrac1D \textstyle\sum_j x_j,\quad
         \sigma^2 = \tfrac1D \textstyle\sum_j (x_j - \mu)^2,\quad
-        y = \left(\frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}}\,w + b\right)(1 + \mathrm{scale}) + \mathrm{shift}
+        n = \frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}}
 
-    i.e. ``layer_norm(x, [D], weight, bias, eps) * (1 + scale) + shift``, all in float32, rounded once.
-    ``x`` has rank >= 2 (usually ``[B, S, D]``); ``scale`` and ``shift`` broadcast to it with last dim
-    ``D`` (``[B, 1, D]`` views from ``emb.chunk(6, dim=1)[i][:, None]`` are read in place, as are
-    per-token ``[B, S, D]``, ``[D]`` and ``[1, 1, D]``). ``weight``/``bias`` are ``[D]`` or None.
+    and for ``norm="rms"`` (RMSNorm, as :func:`fusegraph.ops.rms_norm` computes it: mean of squares and ``+ eps``
+    in float32) :math:`n = x / \sqrt{\tfrac1D \sum_j x_j^2 + \epsilon}`.
+
+    i.e. ``layer_norm(x, [D], weight, bias, eps) * (1 + scale) + shift``, or ``(torch.rms_norm(x, [D], None, eps)
+    * weight + bias) * (1 + scale) + shift``, all in float32, rounded once. ``shift=None``: no shift term
+    (``norm(x) * (1 + scale)``: Lumina's ``LuminaRMSNormZero``, Mochi, Z-Image). ``x`` has rank >= 2 (usually
+    ``[B, S, D]``); ``scale`` and ``shift`` broadcast to it with last dim ``D`` (``[B, 1, D]`` views from
+    ``emb.chunk(6, dim=1)[i][:, None]`` are read in place, as are per-token ``[B, S, D]``, ``[D]`` and
+    ``[1, 1, D]``). ``weight``/``bias`` are ``[D]`` or None.
 
     Output dtype: ``out_dtype`` if given, else what eager gives for the unfused expression
-    (``torch.result_type`` over ``x, scale, shift, weight, bias``). Wan's
+    (``torch.result_type`` over ``x, scale, shift, weight, bias``, those given). Wan's
     ``(LayerNorm(x.float()) * (1 + scale) + shift).type_as(x)`` is ``adaln(x, scale, shift, out_dtype=x.dtype)``.
     Output is contiguous with ``x``'s shape.
 
@@ -34,7 +46,7 @@ def adaln(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, eps: float 
     torch ops in float32 (float64 for float64 arguments), each returned in its argument's dtype and shape
     (summed over the dims a ``[B, 1, D]`` or ``[D]`` modulation was broadcast along).
     """
-    return torch.ops.fusegraph.adaln(x, scale, shift, eps, weight=weight, bias=bias, out_dtype=out_dtype)
+    return torch.ops.fusegraph.adaln(x, scale, shift, eps, weight=weight, bias=bias, out_dtype=out_dtype, norm=norm)
 
 
 def _check_param(x: torch.Tensor, p: torch.Tensor, arg: str) -> None:
@@ -65,6 +77,11 @@ def _check_modulation(x: torch.Tensor, m: torch.Tensor, arg: str) -> None:
         )
 
 
+def check_adaln_norm(norm) -> None:
+    if norm not in NORMS:
+        raise ValueError(f"fusegraph.adaln: argument 'norm' is \"{norm}\"; expected \"layer\" or \"rms\"")
+
+
 def check_adaln_args(x, scale, shift, eps, weight, bias, out_dtype) -> torch.dtype:
     """Same checks and output-dtype rule as ``check_adaln_args`` in C++."""
     check_float_tensor(x, "adaln", "x")
@@ -74,7 +91,8 @@ def check_adaln_args(x, scale, shift, eps, weight, bias, out_dtype) -> torch.dty
             "expected at least 2 dims, e.g. [B, S, D]"
         )
     _check_modulation(x, scale, "scale")
-    _check_modulation(x, shift, "shift")
+    if shift is not None:
+        _check_modulation(x, shift, "shift")
     if weight is not None:
         _check_param(x, weight, "weight")
     if bias is not None:
@@ -83,55 +101,66 @@ def check_adaln_args(x, scale, shift, eps, weight, bias, out_dtype) -> torch.dty
     check_out_dtype(out_dtype, "adaln")
     if out_dtype is not None:
         return out_dtype
-    dtype = torch.promote_types(x.dtype, torch.promote_types(scale.dtype, shift.dtype))
-    for p in (weight, bias):
-        if p is not None:
-            dtype = torch.promote_types(dtype, p.dtype)
+    dtype = x.dtype
+    for t in (scale, shift, weight, bias):
+        if t is not None:
+            dtype = torch.promote_types(dtype, t.dtype)
     return dtype
 
 
 @torch.library.register_fake("fusegraph::adaln")
-def _adaln_fake(x, scale, shift, eps=1e-6, weight=None, bias=None, *, out_dtype=None):
+def _adaln_fake(x, scale, shift, eps=1e-6, weight=None, bias=None, *, out_dtype=None, norm="layer"):
+    check_adaln_norm(norm)
     dtype = check_adaln_args(x, scale, shift, eps, weight, bias, out_dtype)
     return torch.empty_like(x, dtype=dtype, memory_format=torch.contiguous_format)
 
 
-# --- gradients: y = a * (1 + scale) + shift, a = ln * w + b, ln = (x - mean) * r, r = (var + eps)^-1/2 ------
-# dshift = g, dscale = g * a, gz = g * (1 + scale), dw = sum_rows(gz * ln), db = sum_rows(gz),
-# dx = r * (gl - mean(gl) - ln * mean(gl * ln)) with gl = gz * w; modulation grads summed to their shapes.
+# --- gradients: y = a * (1 + scale) + shift, a = n * w + b -------------------------------------------------
+# layer: n = (x - mean) * r, r = (var + eps)^-1/2; rms: n = x * r, r = (mean(x^2) + eps)^-1/2.
+# dshift = g, dscale = g * a, gz = g * (1 + scale), dw = sum_rows(gz * n), db = sum_rows(gz), gl = gz * w,
+# dx = r * (gl - mean(gl) - n * mean(gl * n)) (layer), r * (gl - n * mean(gl * n)) (rms);
+# modulation grads summed to their shapes. No shift: no dshift.
 
 def _adaln_setup_context(ctx, inputs, keyword_only_inputs, output):
     x, scale, shift, eps, weight, bias = inputs
     ctx.save_for_backward(x, scale, weight, bias)
     ctx.eps = eps
-    ctx.shift_meta = (shift.shape, shift.dtype)
+    ctx.norm = keyword_only_inputs.get("norm", "layer")
+    ctx.shift_meta = (shift.shape, shift.dtype) if shift is not None else None
 
 
 def _adaln_backward(ctx, grad):
     x, scale, weight, bias = ctx.saved_tensors
     need_x, need_scale, need_shift, _, need_w, need_b = needs_input_grad(ctx, 6)
-    shift_shape, shift_dtype = ctx.shift_meta
-    ct = compute_dtype(x, scale, weight, bias, grad, shift_dtype)
+    shift_meta = ctx.shift_meta
+    ct = compute_dtype(x, scale, weight, bias, grad, shift_meta[1] if shift_meta is not None else None)
     g = grad.to(ct)
     xc = x.to(ct)
-    xm = xc - xc.mean(-1, keepdim=True)
-    rstd = torch.rsqrt(xm.square().mean(-1, keepdim=True) + ctx.eps)
-    ln = xm * rstd
+    rms = ctx.norm == "rms"
+    if rms:
+        # as the forward: mean of squares + eps in the math dtype
+        rstd = torch.rsqrt(xc.square().mean(-1, keepdim=True) + ctx.eps)
+        n = xc * rstd
+    else:
+        xm = xc - xc.mean(-1, keepdim=True)
+        rstd = torch.rsqrt(xm.square().mean(-1, keepdim=True) + ctx.eps)
+        n = xm * rstd
     dx = dscale = dshift = dw = db = None
-    if need_shift:
-        dshift = sum_to(g, shift_shape, shift_dtype)
+    if need_shift and shift_meta is not None:
+        dshift = sum_to(g, *shift_meta)
     if need_scale:
-        a = ln * weight.to(ct) if weight is not None else ln
+        a = n * weight.to(ct) if weight is not None else n
         a = a + bias.to(ct) if bias is not None else a
         dscale = grad_like(g * a, scale)
     gz = g * (1 + scale.to(ct))
     if need_w and weight is not None:
-        dw = rows_sum(gz * ln).to(weight.dtype)
+        dw = rows_sum(gz * n).to(weight.dtype)
     if need_b and bias is not None:
         db = rows_sum(gz).to(bias.dtype)
     if need_x:
         gl = gz * weight.to(ct) if weight is not None else gz
-        dx = (rstd * (gl - gl.mean(-1, keepdim=True) - ln * (gl * ln).mean(-1, keepdim=True))).to(x.dtype)
+        proj = n * (gl * n).mean(-1, keepdim=True)
+        dx = (rstd * (gl - proj if rms else gl - gl.mean(-1, keepdim=True) - proj)).to(x.dtype)
     return dx, dscale, dshift, None, dw, db
 
 

@@ -8,27 +8,36 @@
 
 namespace {
 
-at::Tensor call_adaln(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift, double eps,
+at::Tensor call_adaln(const at::Tensor& x, const at::Tensor& scale, const std::optional<at::Tensor>& shift, double eps,
                       const std::optional<at::Tensor>& w = std::nullopt,
                       const std::optional<at::Tensor>& b = std::nullopt,
-                      std::optional<at::ScalarType> out_dtype = std::nullopt) {
+                      std::optional<at::ScalarType> out_dtype = std::nullopt, c10::string_view norm = "layer") {
   static const auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("fusegraph::adaln", "")
-          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, double,
                             const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-                            std::optional<at::ScalarType>)>();
-  return op.call(x, scale, shift, eps, w, b, out_dtype);
+                            std::optional<at::ScalarType>, c10::string_view)>();
+  return op.call(x, scale, shift, eps, w, b, out_dtype, norm);
 }
 
-at::Tensor composition64(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift, double eps,
-                         const std::optional<at::Tensor>& w = std::nullopt,
-                         const std::optional<at::Tensor>& b = std::nullopt) {
+at::Tensor composition64(const at::Tensor& x, const at::Tensor& scale, const std::optional<at::Tensor>& shift,
+                         double eps, const std::optional<at::Tensor>& w = std::nullopt,
+                         const std::optional<at::Tensor>& b = std::nullopt, bool rms = false) {
   const auto d = [](const std::optional<at::Tensor>& t) {
     return t.has_value() ? std::optional<at::Tensor>(t->to(at::kDouble)) : std::nullopt;
   };
-  return at::layer_norm(x.to(at::kDouble), {x.size(-1)}, d(w), d(b), eps) * (1 + scale.to(at::kDouble)) +
-         shift.to(at::kDouble);
+  const at::Tensor x64 = x.to(at::kDouble);
+  at::Tensor n;
+  if (rms) {  // x / sqrt(mean(x^2) + eps), then the affine
+    n = x64 / at::sqrt(x64.pow(2).mean({-1}, /*keepdim=*/true) + eps);
+    if (w) n = n * d(w).value();
+    if (b) n = n + d(b).value();
+  } else {
+    n = at::layer_norm(x64, {x.size(-1)}, d(w), d(b), eps);
+  }
+  const at::Tensor y = n * (1 + scale.to(at::kDouble));
+  return shift.has_value() ? y + shift->to(at::kDouble) : y;
 }
 
 TEST(Adaln, EveryCapabilityHasAKernel) {
@@ -91,6 +100,61 @@ TEST(Adaln, Float64PathIsTheMathInDouble) {
   EXPECT_EQ(out2.scalar_type(), at::kDouble);
   EXPECT_TRUE(at::allclose(out2, composition64(x.to(at::kFloat), scale.to(at::kFloat), shift.to(at::kFloat), 1e-5),
                            1e-12, 1e-12));
+}
+
+TEST(Adaln, RmsNormWithAndWithoutShiftMatchesComposition) {
+  for (int64_t D : {1, 9, 3072 + 3, 2 * 4096 + 5}) {  // the last: chunked sum of squares with a tail
+    const int64_t B = 3;
+    const at::Tensor x = at::randn({B, 5, D}) + 0.5;
+    const auto chunks = at::randn({B, 6 * D}).chunk(6, 1);
+    const at::Tensor shift = chunks[0].unsqueeze(1), scale = chunks[1].unsqueeze(1);
+    for (const bool with_shift : {true, false}) {
+      const std::optional<at::Tensor> sh = with_shift ? std::optional<at::Tensor>(shift) : std::nullopt;
+      const at::Tensor out = call_adaln(x, scale, sh, 1e-6, std::nullopt, std::nullopt, std::nullopt, "rms");
+      const at::Tensor ref = composition64(x, scale, sh, 1e-6, std::nullopt, std::nullopt, true).to(at::kFloat);
+      EXPECT_TRUE(at::allclose(out, ref, 1e-5, 1e-5)) << "D=" << D << " shift=" << with_shift;
+    }
+  }
+}
+
+TEST(Adaln, LayerNormWithoutShiftMatchesComposition) {
+  const int64_t D = 131;
+  const at::Tensor x = at::randn({2, 7, D}, at::kBFloat16);
+  const at::Tensor scale = at::randn({2, 1, D});  // fp32 modulation of bf16 x: float32 result
+  const at::Tensor w = at::randn({D}, at::kBFloat16);
+  const at::Tensor out = call_adaln(x, scale, std::nullopt, 1e-5, w);
+  ASSERT_EQ(out.scalar_type(), at::kFloat);
+  const at::Tensor ref = composition64(x, scale, std::nullopt, 1e-5, w).to(at::kFloat);
+  EXPECT_TRUE(at::allclose(out, ref, 1e-5, 1e-5));
+}
+
+TEST(Adaln, RmsNormBf16AffineAndFloat64Path) {
+  const int64_t D = 130;
+  const at::Tensor x = at::randn({2, 7, D}, at::kBFloat16);
+  const at::Tensor scale = at::randn({2, 7, D}, at::kBFloat16), shift = at::randn({D}, at::kBFloat16);
+  const at::Tensor w = at::randn({D}, at::kBFloat16), b = at::randn({D}, at::kBFloat16);
+  const at::Tensor out = call_adaln(x, scale, shift, 1e-5, w, b, std::nullopt, "rms");
+  ASSERT_EQ(out.scalar_type(), at::kBFloat16);
+  const at::Tensor ref = composition64(x, scale, shift, 1e-5, w, b, true).to(at::kBFloat16);
+  EXPECT_TRUE(at::allclose(out.to(at::kFloat), ref.to(at::kFloat), 1.6e-2, 1e-5));
+  const at::Tensor x64 = x.to(at::kDouble), s64 = scale.to(at::kDouble);
+  const at::Tensor out64 = call_adaln(x64, s64, std::nullopt, 1e-5, w, std::nullopt, std::nullopt, "rms");
+  EXPECT_EQ(out64.scalar_type(), at::kDouble);
+  EXPECT_TRUE(at::allclose(out64, composition64(x64, s64, std::nullopt, 1e-5, w, std::nullopt, true), 1e-12, 1e-12));
+}
+
+TEST(Adaln, UnknownNormIsAValueErrorNamingTheArgument) {
+  const at::Tensor x = at::randn({2, 3, 8});
+  try {
+    call_adaln(x, at::randn({8}), std::nullopt, 1e-6, std::nullopt, std::nullopt, std::nullopt, "batch");
+    FAIL() << "expected an error";
+  } catch (const c10::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("argument 'norm' is \"batch\"; expected \"layer\" or \"rms\""),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(call_adaln(x, at::randn({8}), at::randn({7}), 1e-6, std::nullopt, std::nullopt, std::nullopt, "rms"),
+               c10::Error);
 }
 
 }  // namespace

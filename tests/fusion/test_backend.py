@@ -191,7 +191,9 @@ def test_freezing_folds_parameters_on_the_aten_route(freezing):
 
 # --- INFO line, graph log -------------------------------------------------------------------------------------
 
-INFO_LINE = re.compile(r"^fusegraph: fused rms_norm×(\d+) rope×(\d+) adaln×(\d+) gelu×(\d+) mul_add×(\d+); "
+# the SPEC's five families, then the families added since (keys are added at the end, never renamed)
+INFO_LINE = re.compile(r"^fusegraph: fused rms_norm×(\d+) rope×(\d+) adaln×(\d+) gelu×(\d+) mul_add×(\d+) "
+                       r"adaln_rms×\d+ adaln_noshift×\d+; "
                        r"captured (\d+) graphs? \((\d+\.\d\d) s, (\d+\.\d) MiB\)$")
 
 
@@ -220,7 +222,7 @@ def test_graph_log_url_writes_before_and_after_each_pass(tmp_path):
     b = Backend(CompilationConfig(inductor=False, graph_log_url=str(folder)))
     run(GeluMLP(), b, torch.randn(4, 32))
     names = sorted(p.name for p in folder.iterdir())
-    for pass_name in ("redundant", "adaln", "rope", "rms_norm", "gelu", "mul_add"):
+    for pass_name in ("redundant", "adaln", "rope", "rms_norm", "adaln_rms", "adaln_noshift", "gelu", "mul_add"):
         assert any(f"_{pass_name}_before.txt" in n for n in names), (pass_name, names)
         assert any(f"_{pass_name}_after.txt" in n for n in names), (pass_name, names)
     (gelu_before,) = [n for n in names if n.startswith("graph000_") and "_gelu_before" in n][:1]

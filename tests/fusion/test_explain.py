@@ -182,7 +182,7 @@ def test_shared_and_refused_candidates_and_disabled_families_have_reasons():
 
     x, w = torch.randn(2, 4, 8), torch.randn(8)
     r = fusegraph.explain(fn, x, w, config={"fusion_patterns": {"enable_fast_gelu": False}})
-    assert r.enabled == ["adaln", "rope", "rms_norm", "mul_add"]
+    assert r.enabled == ["adaln", "rope", "rms_norm", "adaln_rms", "adaln_noshift", "mul_add"]
     [rms] = r.unfused("rms_norm")  # the variance is read outside the norm
     assert "users outside the site" in rms.reason
     assert {s.line: s.reason for s in r.unfused("gelu")} == {
@@ -195,6 +195,43 @@ def test_shared_and_refused_candidates_and_disabled_families_have_reasons():
     [ln] = [s for s in r.sites if s.family == "adaln" and s.status == "no site"]
     assert ln.line == line_of("plain layer norm") and ln.reason.startswith("no modulation")
     assert r.counts()["adaln"] == {"fused": 0, "unfused": 0}
+
+
+class Modulations(nn.Module):
+    """The two modulation families beyond AdaLN: an RMSNorm with a shift, LayerNorm and RMSNorm without one,
+    and an RMSNorm modulation whose (1 + scale) is also read elsewhere (unfused, with the reason)."""
+
+    def __init__(self, D=32):
+        super().__init__()
+        self.rms1, self.rms2, self.rms3 = (nn.RMSNorm(D, eps=1e-6) for _ in range(3))
+        self.ln = nn.LayerNorm(D, elementwise_affine=False, eps=1e-6)
+
+    def forward(self, x, emb):
+        shift, scale, s2, s3 = emb.chunk(4, dim=-1)
+        a = self.rms1(x) * (1 + scale[:, None]) + shift[:, None]  # site: rms modulation
+        b = self.ln(a) * (1 + s2[:, None])  # site: layer norm no shift
+        c = self.rms2(b) * (1 + s3)[:, None, :]  # site: rms no shift
+        t = 1 + s2[:, None]
+        d = self.rms3(c) * t + shift[:, None]  # site: shared scale
+        return d, t * 2
+
+
+def test_modulation_families_fused_and_unfused_with_reasons():
+    # mul_add off: it would take the shared-scale site's `n * t + shift` as a plain a*b+c
+    r = fusegraph.explain(Modulations(), torch.randn(2, 5, 32), torch.randn(2, 128),
+                          config={"fusion_patterns": {"enable_mul_add": False}})
+    assert lines(r.fused("adaln_rms")) == [line_of("rms modulation")]
+    assert lines(r.fused("adaln_noshift")) == sorted([line_of("layer norm no shift"), line_of("rms no shift")])
+    assert all(s.op == "fusegraph.adaln" for s in r.fused("adaln_rms") + r.fused("adaln_noshift"))
+    assert not r.fused("adaln") and not r.unfused("adaln") and not r.unfused("adaln_noshift")
+    # the norms taken into a modulation are no rms_norm sites of their own; the unfused modulation's norm is
+    assert lines(r.fused("rms_norm")) == [line_of("shared scale")]
+    [shared] = r.unfused("adaln_rms")
+    assert (shared.line, shared.op) == (line_of("shared scale"), "fusegraph.rms_norm")
+    assert "users outside the site" in shared.reason, shared.reason
+    counts = r.counts()
+    assert counts["adaln_rms"] == {"fused": 1, "unfused": 1} and counts["adaln_noshift"] == {"fused": 2, "unfused": 0}
+    assert "adaln_rms" in r.table() and "adaln_noshift" in r.table()
 
 
 def test_refused_operands_are_described():

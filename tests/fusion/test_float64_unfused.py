@@ -10,7 +10,7 @@ from diffusers.models.embeddings import apply_rotary_emb
 
 from tests.fusion.pattern_checks import compile_and_run, fused
 
-FAMILIES = ("rms_norm", "rope", "adaln", "gelu", "mul_add")
+FAMILIES = ("rms_norm", "rope", "adaln", "adaln_rms", "adaln_noshift", "gelu", "mul_add")
 
 
 class Block(nn.Module):
@@ -20,12 +20,16 @@ class Block(nn.Module):
         super().__init__()
         self.norm_q = nn.RMSNorm(D // 2, eps=1e-6)
         self.norm1 = nn.LayerNorm(D, elementwise_affine=False, eps=1e-6)
+        self.norm2 = nn.RMSNorm(D, eps=1e-6, elementwise_affine=False)
+        self.norm3 = nn.LayerNorm(D, elementwise_affine=False, eps=1e-6)
         with torch.no_grad():
             self.norm_q.weight.copy_(torch.randn(D // 2) * 0.5 + 1.0)
 
     def forward(self, x, emb, cos, sin):
-        shift, scale, gate = emb.chunk(3, dim=1)
+        shift, scale, gate, scale2 = emb.chunk(4, dim=1)
         h = self.norm1(x) * (1 + scale[:, None]) + shift[:, None]                        # adaln
+        h = self.norm2(h) * (1 + scale2[:, None]) + shift[:, None]                       # rms_norm, then adaln_rms
+        h = self.norm3(h) * (1 + scale2[:, None])                                        # adaln_noshift
         q = self.norm_q(h.unflatten(-1, (2, -1)))                                        # rms_norm, [B, S, H, Dh]
         q = apply_rotary_emb(q, (cos, sin), use_real=True, use_real_unbind_dim=-1, sequence_dim=1)  # rope
         h = F.gelu(q.flatten(-2), approximate="tanh")                                   # gelu
@@ -34,12 +38,14 @@ class Block(nn.Module):
 
 def inputs(dtype, B=2, S=5, D=32):
     cos, sin = (torch.randn(S, D // 4, dtype=dtype).repeat_interleave(2, -1) for _ in range(2))
-    return [torch.randn(B, S, D, dtype=dtype), torch.randn(B, 3 * D, dtype=dtype) * 0.5, cos, sin]
+    return [torch.randn(B, S, D, dtype=dtype), torch.randn(B, 4 * D, dtype=dtype) * 0.5, cos, sin]
 
 
 def test_float32_control_fuses_every_family():
     b, out, eager = compile_and_run(Block(), *inputs(torch.float32), inductor=False)
-    assert {f: b.stats.patterns[f] for f in FAMILIES} == {f: 1 for f in FAMILIES}
+    # the RMSNorm before the rms modulation is fused by rms_norm first, then taken into the adaln_rms op
+    assert {f: b.stats.patterns[f] for f in FAMILIES} == {f: 2 if f == "rms_norm" else 1 for f in FAMILIES}
+    assert fused(b, "adaln") == 3 and fused(b, "rms_norm") == 1
     torch.testing.assert_close(out, eager)
 
 

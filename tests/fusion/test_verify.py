@@ -246,3 +246,33 @@ def test_env_var_sets_the_process_default(value, expected):
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [expected] * 3
     assert ("FUSEGRAPH_VERIFY='maybe'" in done.stderr) == (value == "maybe")
+
+
+def _wrong_ln_noshift(x, scale, eps):
+    return torch.ops.fusegraph.adaln(x, scale, None, eps) * 1.25
+
+
+@pytest.mark.parametrize("route", sorted(ROUTES))
+def test_one_of_the_families_sharing_a_switch_is_undone_alone(route, monkeypatch, tmp_path):
+    """adaln, adaln_rms and adaln_noshift share enable_adalayernorm: a wrong adaln_noshift is undone, the adaln site
+    of the same graph stays fused."""
+    from fusegraph.fusion.patterns import adaln_noshift
+
+    monkeypatch.setattr(adaln_noshift, "_fused_ln_zero", _wrong_ln_noshift)
+    monkeypatch.setattr(passes, "_passes", {k: v for k, v in passes._passes.items() if k[0] != "adaln_noshift"})
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setattr(backend_mod, "_logged_reasons", set())
+
+    def fn(x, emb):
+        shift, scale, scale2 = emb.chunk(3, dim=-1)
+        h = F.layer_norm(x, [32], eps=1e-6) * (1 + scale[:, None]) + shift[:, None]  # adaln
+        return F.layer_norm(h, [32], eps=1e-6) * (1 + scale2[:, None])  # adaln_noshift (planted wrong)
+
+    x, emb = torch.randn(2, 8, 32), torch.randn(2, 96)
+    eager = fn(x, emb)
+    b, out = compile_run(fn, x, emb, **ROUTES[route])
+    assert b.stats.patterns["adaln_noshift"] == 1 and (out - eager).abs().max() > 0.1  # the plant is effective
+    b, out = compile_run(fn, x, emb, verify=True, **ROUTES[route])
+    torch.testing.assert_close(out, eager)
+    assert b.stats.fallbacks == {"verify: adaln_noshift changed the result beyond the dtype's tolerance; undone": 1}
+    assert b.stats.patterns["adaln_noshift"] == 0 and b.stats.patterns["adaln"] == 1

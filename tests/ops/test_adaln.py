@@ -1,6 +1,6 @@
 import pytest
 import torch
-from diffusers.models.normalization import AdaLayerNormZero
+from diffusers.models.normalization import AdaLayerNormZero, LuminaLayerNormContinuous, LuminaRMSNormZero, RMSNorm
 
 import fusegraph
 from tests.helpers import DTYPES, assert_close_to_reference, randn, strided_copy
@@ -196,11 +196,14 @@ def test_traces_under_compile_fullgraph():
     assert_close_to_reference(out, adaln_ref(x, s, t) * 2)
 
 
-def _args(x=None, scale=None, shift=None, eps=1e-6, weight=None, bias=None, out_dtype=None):
+_DEFAULT = object()
+
+
+def _args(x=None, scale=None, shift=_DEFAULT, eps=1e-6, weight=None, bias=None, out_dtype=None, norm="layer"):
     x = randn(2, 3, 8) if x is None else x
     scale = randn(2, 1, 8) if scale is None else scale
-    shift = randn(2, 1, 8) if shift is None else shift
-    return x, scale, shift, eps, weight, bias, out_dtype
+    shift = randn(2, 1, 8) if shift is _DEFAULT else shift
+    return x, scale, shift, eps, weight, bias, out_dtype, norm
 
 
 BAD_INPUTS = [
@@ -222,15 +225,24 @@ BAD_INPUTS = [
     (lambda: _args(out_dtype=torch.int32), ValueError, r"argument 'out_dtype' is (Int|torch.int32)"),
     (lambda: _args(shift=torch.ones(2, 1, 8, device="meta")), RuntimeError,
      r"argument 'shift' is on meta but 'x' is on cpu"),
+    # the norm kind; and the optional shift is still checked when given, with either norm
+    (lambda: _args(norm="group"), ValueError, r"argument 'norm' is \"group\"; expected \"layer\" or \"rms\""),
+    (lambda: _args(norm="RMS", shift=None), ValueError, r"argument 'norm' is \"RMS\"; expected \"layer\" or \"rms\""),
+    (lambda: _args(norm="rms", shift=randn(2, 1, 7)), RuntimeError,
+     r"argument 'shift' has shape \[2, 1, 7\]; expected its last dim to be 8"),
+    (lambda: _args(norm="rms", shift=torch.ones(2, 1, 8, dtype=torch.int64)), RuntimeError,
+     r"argument 'shift' has dtype (Long|torch.int64)"),
+    (lambda: _args(norm="rms", shift=None, scale=randn(2, 4, 8)), RuntimeError,
+     r"argument 'scale' has shape \[2, 4, 8\], which does not broadcast to x's shape \[2, 3, 8\]"),
 ]
 
 
 @pytest.mark.parametrize("case", range(len(BAD_INPUTS)))
 def test_bad_input_raises_naming_the_argument(case):
     make, exc, pattern = BAD_INPUTS[case]
-    x, scale, shift, eps, w, b, out_dtype = make()
+    x, scale, shift, eps, w, b, out_dtype, norm = make()
     with pytest.raises(exc, match=pattern):
-        fusegraph.ops.adaln(x, scale, shift, eps, weight=w, bias=b, out_dtype=out_dtype)
+        fusegraph.ops.adaln(x, scale, shift, eps, weight=w, bias=b, out_dtype=out_dtype, norm=norm)
 
 
 @pytest.mark.parametrize("case", range(len(BAD_INPUTS)))
@@ -238,11 +250,11 @@ def test_fake_kernel_raises_the_same(case):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     make, exc, pattern = BAD_INPUTS[case]
-    x, scale, shift, eps, w, b, out_dtype = make()
+    x, scale, shift, eps, w, b, out_dtype, norm = make()
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         x, scale, shift, w, b = [mode.from_tensor(t) if t is not None else None for t in (x, scale, shift, w, b)]
         with pytest.raises(exc, match=pattern):
-            torch.ops.fusegraph.adaln(x, scale, shift, eps, weight=w, bias=b, out_dtype=out_dtype)
+            torch.ops.fusegraph.adaln(x, scale, shift, eps, weight=w, bias=b, out_dtype=out_dtype, norm=norm)
 
 
 @pytest.mark.parametrize("offset", [0.0, 3.0])
@@ -260,4 +272,252 @@ def test_fp32_accuracy_at_large_D_is_eager_level(offset):
 
     fused = rel_err(fusegraph.ops.adaln(x, scale, shift))
     eager = rel_err(torch.nn.functional.layer_norm(x, [D], eps=1e-6) * (1 + scale) + shift)
+    assert fused <= 2 * eager, f"relative error {fused:.3g}, eager's {eager:.3g}"
+
+
+# ---- RMSNorm and no-shift variants (norm="rms", shift=None) ----------------------------------------------
+
+VARIANTS = [("rms", True), ("rms", False), ("layer", False)]  # (norm, has shift); ("layer", True) is above
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", DIMS)
+@pytest.mark.parametrize("B", [1, 7])
+@pytest.mark.parametrize("norm,has_shift", VARIANTS)
+def test_variants_chunked_modulation_match_float64_reference(dtype, D, B, norm, has_shift):
+    S = 5 if D >= 3072 else 33
+    x = randn(B, S, D, dtype=dtype, scale=2.0, offset=0.3)
+    scale, shift = chunked_modulation(B, D, dtype)
+    shift = shift if has_shift else None
+    out = fusegraph.ops.adaln(x, scale, shift, norm=norm)
+    assert out.shape == x.shape and out.dtype == dtype and out.is_contiguous()
+    assert_close_to_reference(out, adaln_ref(x, scale, shift, norm=norm))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("form", ["per_token", "vector", "1_1_D", "B_1_D_contiguous"])
+@pytest.mark.parametrize("norm,has_shift", VARIANTS)
+def test_variants_modulation_forms(dtype, form, norm, has_shift):
+    B, S, D = 3, 19, 131
+    x = randn(B, S, D, dtype=dtype)
+    shape = {"per_token": (B, S, D), "vector": (D,), "1_1_D": (1, 1, D), "B_1_D_contiguous": (B, 1, D)}[form]
+    scale = randn(*shape, dtype=dtype, scale=0.5)
+    shift = randn(*shape, dtype=dtype) if has_shift else None
+    out = fusegraph.ops.adaln(x, scale, shift, 1e-5, norm=norm)
+    assert_close_to_reference(out, adaln_ref(x, scale, shift, 1e-5, norm=norm))
+
+
+@pytest.mark.parametrize("x_dtype", DTYPES)
+@pytest.mark.parametrize("mod_dtype", DTYPES)
+@pytest.mark.parametrize("norm,has_shift", VARIANTS)
+def test_variants_mixed_dtypes_follow_eager_promotion(x_dtype, mod_dtype, norm, has_shift):
+    B, S, D = 2, 9, 200
+    x = randn(B, S, D, dtype=x_dtype)
+    scale, shift = chunked_modulation(B, D, mod_dtype)
+    shift = shift if has_shift else None
+    out = fusegraph.ops.adaln(x, scale, shift, norm=norm)
+    eager_dtype = torch.result_type(x, scale)
+    if shift is not None:
+        eager_dtype = torch.promote_types(eager_dtype, shift.dtype)
+    assert out.dtype == eager_dtype
+    assert_close_to_reference(out, adaln_ref(x, scale, shift, norm=norm))
+
+
+def test_rms_scale_and_shift_of_different_dtypes():
+    x = randn(2, 7, 64, dtype=torch.bfloat16)
+    scale, shift = randn(2, 1, 64, dtype=torch.float16), randn(2, 1, 64)
+    out = fusegraph.ops.adaln(x, scale, shift, norm="rms")
+    assert out.dtype == torch.float32
+    assert_close_to_reference(out, adaln_ref(x, scale, shift, norm="rms"))
+    # no shift, half scale of another half dtype than x: upcast, promoted output
+    out = fusegraph.ops.adaln(x, scale, None, norm="rms")
+    assert out.dtype == torch.float32
+    assert_close_to_reference(out, adaln_ref(x, scale, None, norm="rms"))
+
+
+@pytest.mark.parametrize("out_dtype", DTYPES)
+@pytest.mark.parametrize("norm,has_shift", VARIANTS)
+def test_variants_out_dtype(out_dtype, norm, has_shift):
+    x = randn(2, 11, 96, dtype=torch.bfloat16)
+    scale = randn(2, 11, 96, scale=0.3)
+    shift = randn(2, 11, 96) if has_shift else None
+    out = fusegraph.ops.adaln(x, scale, shift, out_dtype=out_dtype, norm=norm)
+    assert out.dtype == out_dtype
+    assert_close_to_reference(out, adaln_ref(x, scale, shift, norm=norm))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("norm,has_shift", VARIANTS)
+def test_variants_weight_and_bias(dtype, norm, has_shift):
+    D = 77
+    x = randn(4, 6, D, dtype=dtype)
+    scale, shift = chunked_modulation(4, D, dtype)
+    shift = shift if has_shift else None
+    w, b = randn(D, dtype=dtype, offset=1.0), randn(D, dtype=dtype)
+    out = fusegraph.ops.adaln(x, scale, shift, 1e-5, weight=w, bias=b, norm=norm)
+    assert_close_to_reference(out, adaln_ref(x, scale, shift, 1e-5, w, b, norm=norm))
+    only_w = fusegraph.ops.adaln(x, scale, shift, 1e-5, weight=w, norm=norm)
+    assert_close_to_reference(only_w, adaln_ref(x, scale, shift, 1e-5, w, norm=norm))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("norm,has_shift", VARIANTS)
+def test_variants_non_contiguous_x_and_ranks(dtype, norm, has_shift):
+    D = 67
+    scale, shift = chunked_modulation(4, D, dtype)
+    cases = [
+        (strided_copy(randn(4, 6, D, dtype=dtype)), scale, shift),
+        (randn(6, 4, D, dtype=dtype).transpose(0, 1), scale, shift),
+        (randn(4, 9, D + 20, dtype=dtype)[:, 1:8, 5:5 + D], scale, shift),
+        (randn(5, D, dtype=dtype), scale[0, 0], shift[0]),
+        (randn(4, 2, 3, D, dtype=dtype), scale[:, None], shift[:, None]),
+        (randn(4, 2, 3, D, dtype=dtype), randn(2, 1, D, dtype=dtype), randn(1, 3, D, dtype=dtype)),
+        (randn(3, 5, D, dtype=dtype), randn(3, 5, 2 * D, dtype=dtype)[..., ::2], randn(5, D, dtype=dtype)),
+    ]
+    for x, sc, sh in cases:
+        sh = sh if has_shift else None
+        out = fusegraph.ops.adaln(x, sc, sh, norm=norm)
+        assert out.is_contiguous() and out.shape == x.shape
+        assert_close_to_reference(out, adaln_ref(x, sc, sh, norm=norm))
+
+
+def test_rms_is_not_layer_norm():
+    """The two norms differ on rows with a mean: each matches its own reference and not the other's."""
+    x = randn(2, 5, 64, offset=1.5)
+    scale = randn(2, 1, 64, scale=0.5)
+    rms, layer = (fusegraph.ops.adaln(x, scale, None, norm=n) for n in ("rms", "layer"))
+    assert_close_to_reference(rms, adaln_ref(x, scale, None, norm="rms"))
+    assert_close_to_reference(layer, adaln_ref(x, scale, None, norm="layer"))
+    assert (rms - layer).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_equals_diffusers_lumina_rms_norm_zero(dtype):
+    """LuminaRMSNormZero: RMSNorm(x) * (1 + scale_msa[:, None]), no shift."""
+    D = 96
+    m = LuminaRMSNormZero(embedding_dim=D, norm_eps=1e-5, norm_elementwise_affine=True).to(dtype)
+    with torch.no_grad():
+        m.norm.weight.copy_(randn(D, offset=1.0))
+    x, temb = randn(3, 21, D, dtype=dtype), randn(3, min(D, 1024), dtype=dtype)
+    with torch.no_grad():
+        eager, *_ = m(x, emb=temb)
+        scale_msa = m.linear(m.silu(temb)).chunk(4, dim=1)[0]
+    out = fusegraph.ops.adaln(x, scale_msa[:, None], None, 1e-5, weight=m.norm.weight, norm="rms")
+    assert out.dtype == eager.dtype
+    ref64 = adaln_ref(x, scale_msa[:, None], None, 1e-5, m.norm.weight, norm="rms")
+    assert_close_to_reference(out, ref64)
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5)
+    else:  # eager rounds after the norm, the weight and the product; we round once
+        assert (out.double() - ref64).abs().max() <= (eager.double() - ref64).abs().max()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_equals_diffusers_lumina_layer_norm_continuous(dtype):
+    """LuminaLayerNormContinuous: LayerNorm(x) * (1 + scale)[:, None, :], no shift."""
+    D = 80
+    m = LuminaLayerNormContinuous(D, D, elementwise_affine=False, eps=1e-6).to(dtype)
+    x, cond = randn(2, 13, D, dtype=dtype), randn(2, D, dtype=dtype)
+    with torch.no_grad():
+        eager = m(x, cond)
+        scale = m.linear_1(m.silu(cond).to(x.dtype))
+    out = fusegraph.ops.adaln(x, scale[:, None, :], None, 1e-6)
+    ref64 = adaln_ref(x, scale[:, None, :], None, 1e-6)
+    assert out.dtype == eager.dtype
+    assert_close_to_reference(out, ref64)
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_equals_diffusers_rms_norm_then_modulation(dtype):
+    """LTX: RMSNorm(D, elementwise_affine=False)(x) * (1 + scale) + shift with [B, 1, D] scale/shift."""
+    D = 128
+    norm = RMSNorm(D, eps=1e-6, elementwise_affine=False)
+    x = randn(2, 17, D, dtype=dtype)
+    scale, shift = chunked_modulation(2, D, dtype)
+    eager = norm(x) * (1 + scale) + shift
+    out = fusegraph.ops.adaln(x, scale, shift, 1e-6, norm="rms")
+    ref64 = adaln_ref(x, scale, shift, 1e-6, norm="rms")
+    assert out.dtype == eager.dtype
+    assert_close_to_reference(out, ref64)
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5)
+    else:
+        assert (out.double() - ref64).abs().max() <= (eager.double() - ref64).abs().max()
+
+
+@pytest.mark.parametrize("norm,has_shift", VARIANTS)
+def test_variants_empty(norm, has_shift):
+    for B, S, D in [(0, 4, 64), (2, 0, 64), (2, 3, 0)]:
+        x = torch.empty(B, S, D, dtype=torch.bfloat16)
+        shift = torch.empty(D, dtype=torch.bfloat16) if has_shift else None
+        out = fusegraph.ops.adaln(x, torch.empty(B, 1, D, dtype=torch.bfloat16), shift, norm=norm)
+        assert out.shape == x.shape and out.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("norm,has_shift", VARIANTS)
+def test_variants_bitwise_deterministic_across_threads(norm, has_shift):
+    x = randn(7, 300, 3072 + 5, dtype=torch.bfloat16)
+    scale, shift = chunked_modulation(7, 3072 + 5, torch.bfloat16)
+    shift = shift if has_shift else None
+    first = fusegraph.ops.adaln(x, scale, shift, norm=norm)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(first, fusegraph.ops.adaln(x, scale, shift, norm=norm))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_variants_opcheck():
+    op = torch.ops.fusegraph.adaln.default
+    sc, _ = chunked_modulation(2, 40, torch.bfloat16)
+    cases = [
+        ((randn(2, 3, 40), randn(2, 1, 40), randn(40), 1e-6), {"norm": "rms"}),
+        ((randn(2, 3, 40), randn(2, 1, 40), None, 1e-6), {}),
+        ((randn(2, 3, 40, dtype=torch.bfloat16), sc, None, 1e-5), {"weight": randn(40), "norm": "rms"}),
+        ((strided_copy(randn(2, 3, 40, dtype=torch.float16)), randn(2, 3, 40), None, 1e-6),
+         {"out_dtype": torch.float16, "norm": "rms"}),
+    ]
+    for args, kwargs in cases:
+        torch.library.opcheck(op, args, kwargs)
+
+
+def test_old_positional_call_still_works():
+    """The pre-existing call forms (shift positional, norm defaulted) keep LayerNorm semantics."""
+    x, scale, shift = randn(2, 3, 40), randn(2, 1, 40), randn(40)
+    out = torch.ops.fusegraph.adaln(x, scale, shift, 1e-5)
+    assert_close_to_reference(out, adaln_ref(x, scale, shift, 1e-5))
+    out = fusegraph.ops.adaln(x, scale, shift, 1e-5)
+    assert_close_to_reference(out, adaln_ref(x, scale, shift, 1e-5))
+
+
+def test_variants_trace_under_compile_fullgraph():
+    fn = torch.compile(lambda x, s: fusegraph.ops.adaln(x, s, None, norm="rms", out_dtype=torch.bfloat16) * 2,
+                       fullgraph=True, backend="aot_eager")
+    x = randn(2, 9, 48, dtype=torch.bfloat16)
+    s, _ = chunked_modulation(2, 48, torch.float32)
+    out = fn(x, s)
+    assert out.dtype == torch.bfloat16
+    assert_close_to_reference(out, adaln_ref(x, s, None, norm="rms") * 2)
+
+
+@pytest.mark.parametrize("has_shift", [True, False])
+def test_rms_fp32_accuracy_at_large_D_is_eager_level(has_shift):
+    """D = 2^22, fp32, norm="rms": the sum of squares is accumulated per chunk and the chunk sums in double."""
+    D = 2 ** 22
+    x64 = torch.randn(2, 1, D, dtype=torch.float64) + 3.0
+    scale64 = torch.randn(2, 1, D, dtype=torch.float64)
+    shift64 = torch.randn(2, 1, D, dtype=torch.float64) if has_shift else None
+    ref = adaln_ref(x64, scale64, shift64, norm="rms")
+    x, scale = x64.float(), scale64.float()
+    shift = shift64.float() if has_shift else None
+
+    def rel_err(out):
+        return ((out.double() - ref).abs().max() / ref.abs().max()).item()
+
+    fused = rel_err(fusegraph.ops.adaln(x, scale, shift, norm="rms"))
+    eager_y = torch.rms_norm(x, [D], eps=1e-6) * (1 + scale)
+    eager = rel_err(eager_y + shift if has_shift else eager_y)
     assert fused <= 2 * eager, f"relative error {fused:.3g}, eager's {eager:.3g}"

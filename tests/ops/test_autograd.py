@@ -96,6 +96,32 @@ def test_adaln_gradcheck_through_chunk_views():
     gradcheck(fn, [x, emb])
 
 
+@pytest.mark.parametrize("form", ["B_1_D", "B_S_D", "D"])
+@pytest.mark.parametrize("affine", ["none", "weight+bias"])
+@pytest.mark.parametrize("norm,has_shift", [("rms", True), ("rms", False), ("layer", False)])
+def test_adaln_rms_and_no_shift_gradcheck(form, affine, norm, has_shift):
+    B, S, D = 2, 3, 5
+    x = f64(B, S, D, scale=2.0, offset=0.5)
+    shape = {"B_1_D": (B, 1, D), "B_S_D": (B, S, D), "D": (D,)}[form]
+    scale = f64(*shape, scale=0.5)
+    shift = f64(*shape) if has_shift else None
+    w = f64(D, offset=1.0) if "weight" in affine else None
+    b = f64(D) if "bias" in affine else None
+    gradcheck(lambda x, sc, sh, w, b: fusegraph.ops.adaln(x, sc, sh, 1e-5, weight=w, bias=b, norm=norm),
+              [x, scale, shift, w, b])
+
+
+def test_adaln_no_shift_gradcheck_through_chunk_views():
+    """LuminaRMSNormZero: scale is a [B, 1, D] view of a [B, 4D] embedding, no shift."""
+    B, S, D = 2, 3, 4
+    x, emb = f64(B, S, D), f64(B, 4 * D, scale=0.5)
+
+    def fn(x, emb):
+        return fusegraph.ops.adaln(x, emb.chunk(4, dim=1)[0][:, None], None, norm="rms")
+
+    gradcheck(fn, [x, emb])
+
+
 @pytest.mark.parametrize("name", ["gelu_tanh", "fast_gelu"])
 def test_gelu_gradcheck(name):
     gradcheck(getattr(fusegraph.ops, name), [f64(3, 11, scale=2.0)])
@@ -258,6 +284,35 @@ def test_adaln_gradients_out_dtype(dtype):
 
 
 @pytest.mark.parametrize("dtype", DT)
+@pytest.mark.parametrize("affine", [False, True])
+@pytest.mark.parametrize("norm,has_shift", [("rms", True), ("rms", False), ("layer", False)])
+def test_adaln_rms_and_no_shift_gradients_match_eager(dtype, affine, norm, has_shift):
+    B, S, D = 3, 7, 96
+    x = randn(B, S, D, dtype=dtype, scale=2.0, offset=0.3)
+    emb = randn(B, 6 * D, dtype=dtype, scale=0.5)
+    shift, scale = (c[:, None] for c in emb.chunk(6, dim=1)[:2])
+    w = randn(D, dtype=dtype, offset=1.0) if affine else None
+    b = randn(D, dtype=dtype) if affine else None
+
+    def ref(x, sc, sh, w, b):
+        if norm == "rms":
+            n = torch.rms_norm(x, [D], None, 1e-6)
+            n = n * w if w is not None else n
+            n = n + b if b is not None else n
+        else:
+            n = F.layer_norm(x, [D], w, b, 1e-6)
+        y = n * (1 + sc)
+        return y + sh if sh is not None else y
+
+    fused = lambda x, sc, w, b, sh=None: fusegraph.ops.adaln(x, sc, sh, 1e-6, weight=w, bias=b, norm=norm)
+    if has_shift:
+        assert_eager_gradients(lambda x, sc, sh, w, b: fused(x, sc, w, b, sh), ref, [x, scale, shift, w, b])
+    else:
+        assert_eager_gradients(lambda x, sc, w, b: fused(x, sc, w, b), lambda x, sc, w, b: ref(x, sc, None, w, b),
+                               [x, scale, w, b])
+
+
+@pytest.mark.parametrize("dtype", DT)
 @pytest.mark.parametrize("name", ["gelu_tanh", "fast_gelu"])
 def test_gelu_gradients_match_eager(dtype, name):
     x = randn(5, 300, dtype=dtype, scale=3.0)
@@ -310,6 +365,9 @@ def test_opcheck_with_inputs_that_require_grad():
          {"style": "diffusers"}),
         (ops.rope.default, (randn(2, 3, 2, D), randn(3, 1, D), randn(3, 1, D)), {"interleaved": False}),
         (ops.adaln.default, (randn(2, 3, D), randn(2, 1, D), randn(2, 1, D), 1e-6, randn(D), randn(D)), {}),
+        (ops.adaln.default, (randn(2, 3, D), randn(2, 1, D), randn(2, 1, D), 1e-6, randn(D)), {"norm": "rms"}),
+        (ops.adaln.default, (randn(2, 3, D), randn(2, 3, D), None, 1e-6), {"norm": "rms"}),
+        (ops.adaln.default, (randn(2, 3, D, dtype=torch.bfloat16), randn(2, 1, D), None, 1e-6), {}),
         (ops.gelu_tanh.default, (randn(4, D),), {}),
         (ops.fast_gelu.default, (randn(4, D, dtype=torch.float16),), {}),
         (ops.mul_add.default, (randn(2, 3, D), randn(2, 1, D), randn(2, 3, D)), {}),
@@ -323,11 +381,14 @@ def test_opcheck_with_inputs_that_require_grad():
 # ---- training through torch.compile (aot_autograd) ------------------------------------------------------
 
 def _block(x, w, cos, sin, emb, res):
-    """A DiT-ish block built from every op: rms_norm -> rope -> adaln -> gelu -> gated residual (+ scalar)."""
+    """A DiT-ish block built from every op: rms_norm -> rope -> adaln (layer; rms; rms without shift) -> gelu ->
+    gated residual (+ scalar)."""
     shift, scale, gate = emb.chunk(3, dim=1)
     h = fusegraph.ops.rms_norm(x, w, 1e-6)
     h = fusegraph.ops.rope(h.unflatten(-1, (2, -1)), cos, sin, interleaved=True).flatten(-2)
     h = fusegraph.ops.adaln(h, scale[:, None], shift[:, None], 1e-6)
+    h = fusegraph.ops.adaln(h, scale[:, None], shift[:, None], 1e-6, norm="rms")
+    h = fusegraph.ops.adaln(h, scale[:, None], None, 1e-6, weight=w, norm="rms")
     h = fusegraph.ops.gelu_tanh(h) + fusegraph.ops.fast_gelu(h)
     h = fusegraph.ops.mul_add(h, gate[:, None], res)
     return fusegraph.ops.mul_add(h, 0.5, res)
@@ -358,6 +419,8 @@ def test_compiled_training_step_matches_eager_formula():
         h = torch.rms_norm(x, [D], w, 1e-6).unflatten(-1, (2, -1))
         h = (h * cos + rope_rot(h, True) * sin).flatten(-2)
         h = F.layer_norm(h, [D], eps=1e-6) * (1 + scale[:, None]) + shift[:, None]
+        h = torch.rms_norm(h, [D], None, 1e-6) * (1 + scale[:, None]) + shift[:, None]
+        h = torch.rms_norm(h, [D], w, 1e-6) * (1 + scale[:, None])
         h = F.gelu(h, approximate="tanh") + h * torch.sigmoid(1.702 * h)
         h = res + gate[:, None] * h
         return h * 0.5 + res

@@ -166,6 +166,43 @@ def test_adaln_fp32_modulation_and_out_dtype(x_dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1, 1), (2, 7, 33), (2, 5, 128), (2, 3, 3072), (1, 2, 12288)])
+@pytest.mark.parametrize("norm,has_shift", [("rms", True), ("rms", False), ("layer", False)])
+def test_adaln_rms_and_no_shift_match_float64_reference(dtype, shape, norm, has_shift):
+    B, S, D = shape
+    x = crandn(B, S, D, dtype=dtype, scale=2.0, offset=0.5)
+    emb = crandn(B, 1, 6 * D, dtype=dtype, scale=0.5)
+    shift, scale = emb.chunk(6, dim=-1)[:2]
+    shift = shift if has_shift else None
+    out = ops.adaln(x, scale, shift, 1e-6, norm=norm)
+    assert out.dtype == dtype and out.shape == x.shape and out.is_contiguous()
+    assert_close_to_reference(out, adaln_ref(x, scale, shift, 1e-6, norm=norm))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("norm,has_shift", [("rms", True), ("rms", False), ("layer", False)])
+def test_adaln_variants_per_token_affine_fp32_modulation_and_layouts(dtype, norm, has_shift):
+    x = crandn(3, 11, 80, dtype=dtype)
+    w, b = crandn(80, dtype=dtype, offset=1.0), crandn(80, dtype=dtype)
+    per_token = crandn(3, 11, 80, scale=0.3)  # fp32 modulation of a half x: promoted output
+    shift = crandn(80) if has_shift else None
+    out = ops.adaln(x, per_token, shift, 1e-5, weight=w, bias=b, norm=norm)
+    assert out.dtype == torch.promote_types(dtype, torch.float32)
+    assert_close_to_reference(out, adaln_ref(x, per_token, shift, 1e-5, w, b, norm=norm))
+    out = ops.adaln(x, per_token, shift, 1e-5, out_dtype=dtype, norm=norm)
+    assert out.dtype == dtype
+    assert_close_to_reference(out, adaln_ref(x, per_token, shift, 1e-5, norm=norm))
+    base = crandn(4, 6, 48, dtype=dtype)
+    scale = crandn(4, 1, 48, dtype=dtype)
+    sh = crandn(4, 1, 48, dtype=dtype) if has_shift else None
+    for xx in (base.transpose(0, 1).contiguous().transpose(0, 1), strided_last_dim(base), misaligned(base),
+               many_leading_dims(48).to(dtype)):
+        sc = scale if xx.dim() == 3 else scale[0, 0]
+        s2 = sh if (sh is None or xx.dim() == 3) else sh[0, 0]
+        assert_close_to_reference(ops.adaln(xx, sc, s2, 1e-6, norm=norm), adaln_ref(xx, sc, s2, 1e-6, norm=norm))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_adaln_non_contiguous_and_misaligned_x(dtype):
     base = crandn(4, 6, 48, dtype=dtype)
     scale, shift = crandn(4, 1, 48, dtype=dtype), crandn(4, 1, 48, dtype=dtype)

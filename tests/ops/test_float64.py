@@ -72,6 +72,21 @@ def test_adaln(affine):
     check(fusegraph.ops.adaln(x, scale, shift, 1e-5, weight=w, bias=b), adaln_ref(x, scale, shift, 1e-5, w, b))
 
 
+@pytest.mark.parametrize("affine", [False, True])
+@pytest.mark.parametrize("norm,has_shift", [("rms", True), ("rms", False), ("layer", False)])
+def test_adaln_rms_and_no_shift(affine, norm, has_shift):
+    B, S, D = 2, 5, 23
+    x = randn(B, S, D, dtype=F64, offset=3.0)
+    shift, scale = (c[:, None] for c in randn(B, 6 * D, dtype=F64).chunk(6, dim=1)[:2])
+    shift = shift if has_shift else None
+    w = randn(D, dtype=F64, offset=1.0) if affine else None
+    b = randn(D, dtype=F64) if affine else None
+    check(fusegraph.ops.adaln(x, scale, shift, 1e-5, weight=w, bias=b, norm=norm),
+          adaln_ref(x, scale, shift, 1e-5, w, b, norm=norm))
+    # a float64 scale alone (no shift) also takes the float64 path
+    check(fusegraph.ops.adaln(x.float(), scale, None, norm=norm), adaln_ref(x.float(), scale, None, norm=norm))
+
+
 def test_adaln_out_dtype_float64_from_float32_inputs():
     x, scale, shift = randn(2, 3, 8), randn(2, 1, 8), randn(2, 1, 8)
     check(fusegraph.ops.adaln(x, scale, shift, out_dtype=F64), adaln_ref(x, scale, shift))
@@ -98,6 +113,7 @@ def test_fake_kernels_accept_float64_and_give_the_same_dtype():
         (torch.ops.fusegraph.rms_norm.default, (randn(3, D, dtype=F64), randn(D), 1e-6), {"style": "diffusers"}),
         (torch.ops.fusegraph.rope.default, (randn(1, 2, 1, D, dtype=F64), randn(2, 1, D), randn(2, 1, D)), {}),
         (torch.ops.fusegraph.adaln.default, (randn(2, 3, D), randn(2, 1, D, dtype=F64), randn(2, 1, D)), {}),
+        (torch.ops.fusegraph.adaln.default, (randn(2, 3, D), randn(2, 1, D, dtype=F64), None), {"norm": "rms"}),
         (torch.ops.fusegraph.gelu_tanh.default, (randn(4, D, dtype=F64),), {}),
         (torch.ops.fusegraph.mul_add.default, (randn(2, D), randn(D, dtype=F64), randn(2, D)), {}),
         (torch.ops.fusegraph.mul_add.Scalar, (randn(2, D, dtype=F64), 2.0, randn(2, D, dtype=F64)), {}),

@@ -1,5 +1,6 @@
-"""rms_norm and adaln kernels under each CPU capability (DEFAULT, AVX2; the test machine runs AVX512 by
-default). ATen reads ATEN_CPU_CAPABILITY once, at first use, so each capability needs its own process."""
+"""rms_norm and adaln (both norms, with and without shift) kernels under each CPU capability (DEFAULT, AVX2;
+the test machine runs AVX512 by default). ATen reads ATEN_CPU_CAPABILITY once, at first use, so each capability
+needs its own process."""
 import textwrap
 
 from tests.helpers import run_under_cpu_capabilities
@@ -27,6 +28,11 @@ SCRIPT = textwrap.dedent(
                 scale, shift = [c[:, None] for c in randn(3, 2 * D, dtype=mod_dtype).chunk(2, dim=1)]
                 ref = ln64 * (1 + scale.double()) + shift.double()
                 assert_close_to_reference(fusegraph.ops.adaln(x, scale, shift), ref)
+                # RMSNorm statistics, and no shift (either norm)
+                assert_close_to_reference(fusegraph.ops.adaln(x, scale, shift, norm="rms"),
+                                          n64 * (1 + scale.double()) + shift.double())
+                assert_close_to_reference(fusegraph.ops.adaln(x, scale, None, norm="rms"), n64 * (1 + scale.double()))
+                assert_close_to_reference(fusegraph.ops.adaln(x, scale, None), ln64 * (1 + scale.double()))
     print(fusegraph._C.cpu_capability())
     """
 )

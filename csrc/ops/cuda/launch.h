@@ -41,10 +41,10 @@ struct Operand {
 cudaError_t launch_rms_norm(const RowLayout& layout, const Operand& x, const Operand& weight, const Operand& bias,
                             void* out, DType out_dtype, float eps, bool diffusers_style, cudaStream_t stream);
 
-// y = ((x - mean) * rsqrt(var + eps) * weight + bias) * (1 + scale) + shift over each row (biased var);
-// weight/bias optional with zero outer strides; scale/shift broadcast through their strides.
+// y = (norm(x) * weight + bias) * (1 + scale) + shift over each row, norm = (x - mean) * rsqrt(var + eps)
+// (biased var) or, rms, x * rsqrt(mean(x^2) + eps); weight/bias/shift absent when their data is nullptr.
 cudaError_t launch_adaln(const RowLayout& layout, const Operand& x, const Operand& scale, const Operand& shift,
-                         const Operand& weight, const Operand& bias, void* out, DType out_dtype, float eps,
+                         const Operand& weight, const Operand& bias, void* out, DType out_dtype, float eps, bool rms,
                          cudaStream_t stream);
 
 // out = a * b + c elementwise; when b.data is nullptr, b is the number b_scalar.
