@@ -19,7 +19,8 @@ Rules (one count per site):
 - **adaln** — a LayerNorm over the last dim (``var_mean``/``var`` over the last dim, or a hand-written
   ``mean((x - mean(x))²)``; normalised output ``mul(sub(x, mean), rsqrt(var + eps))``) whose output, through
   layout ops and at most one affine ``mul`` and one affine ``add`` by a 1-D ``[D]`` tensor, is multiplied by
-  ``(1 + scale)`` — an ``add(scale, 1)`` with the literal 1, reached through layout/slice ops — and the product
+  ``(1 + scale)`` — an ``add(scale, 1)`` with the literal 1, reached through layout/slice ops, not a ``[D]`` value
+  of the weights alone (Krea2's zero-centred RMSNorm weight ``w + 1`` is the norm's affine) — and the product
   (through layout ops) is added to a tensor ``shift``. One site per modulation: a LayerNorm modulated twice (SD3.5's
   ``SD35AdaLayerNormZeroX``) is two sites. ``x * (2 + scale) + shift`` is not a site.
 - **adaln_rms** — the same modulation with shift of an RMSNorm's normalised output (``mul(x, r)`` where ``r`` is
@@ -238,13 +239,19 @@ def _affine_operand(n, width) -> bool:
     return s is not None and len([d for d in s if d != 1]) <= 1 and s[-1:] == (width,)
 
 
+def _is_weight(n, weights, width) -> bool:
+    """``n`` is a norm's own affine factor: a ``[D]`` value of the weights alone (Krea2's zero-centred
+    ``weight + 1``), not a modulation (which depends on the input: the timestep)."""
+    return through(n, LAYOUT) in weights and _affine_operand(n, width)
+
+
 def rms_outputs(graph):
     """RMSNorm normalised outputs: ``mul(x, r)`` where ``r`` is an RMS site's inverse square root."""
     return [n for n in graph.nodes
             if op(n) == "mul" and len(n.args) == 2 and any(isinstance(a, Node) and rms_site(through(a)) for a in n.args)]
 
 
-def modulation_sites(graph, claimed) -> dict:
+def modulation_sites(graph, claimed, weights=frozenset()) -> dict:
     """Modulations of normalised outputs, by family: ``adaln`` (LayerNorm, ``* (1 + scale) + shift``), ``adaln_rms``
     (RMSNorm, ``* (1 + scale) + shift``), ``adaln_noshift`` (LayerNorm or RMSNorm, ``* (1 + scale)`` whose product is
     added to nothing). The norm output may pass through layout ops and at most one affine ``mul`` and one affine
@@ -262,7 +269,7 @@ def modulation_sites(graph, claimed) -> dict:
                         if op(u) != "mul" or len(u.args) != 2:
                             continue
                         other = u.args[1] if u.args[0] is y else u.args[0]
-                        if isinstance(other, Node) and one_plus(other):
+                        if isinstance(other, Node) and one_plus(other) and not _is_weight(other, weights, width):
                             if u in claimed:
                                 continue
                             shifted = None
@@ -475,11 +482,12 @@ def rms_sites(graph) -> int:
     return sum(rms_site(n) or op(n) in ("rms_norm", "_fused_rms_norm") for n in graph.nodes)
 
 
-def count_graph(graph) -> dict:
-    """Sites per family in one aten FX graph."""
+def count_graph(graph, weights=frozenset()) -> dict:
+    """Sites per family in one aten FX graph; ``weights``: its nodes computed from weights alone (see
+    :func:`weight_values`)."""
     claimed: set = set()
     counts = dict(rms_norm=rms_sites(graph), rope=rope_sites(graph, claimed))
-    counts.update(modulation_sites(graph, claimed))
+    counts.update(modulation_sites(graph, claimed, weights))
     counts["gelu"] = gelu_sites(graph, claimed)
     counts["mul_add"] = mul_add_sites(graph, claimed)
     return counts
@@ -513,10 +521,9 @@ def capture(fn, *args, **kwargs):
     return graphs, out
 
 
-def folded(gm) -> torch.fx.Graph:
-    """A copy of ``gm``'s graph as freezing leaves it: every value computed from the module's parameters and buffers
-    (``gm.weight_inputs``, from :func:`capture`) and constants alone is one input, as if computed at compile time (BriaFibo2's
-    RMSNorms of its learned latent queries are no sites on a route that freezes)."""
+def weight_values(gm) -> set:
+    """Nodes of ``gm`` computed from the module's parameters and buffers (``gm.weight_inputs``, from
+    :func:`capture`) and constants alone."""
     placeholders = gm.graph.find_nodes(op="placeholder")
     mask = getattr(gm, "weight_inputs", [])
     const = {p for p, w in zip(placeholders, mask) if w} if len(mask) == len(placeholders) else set()
@@ -526,6 +533,14 @@ def folded(gm) -> torch.fx.Graph:
         elif n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and \
                 not n.target._schema.is_mutable and all(a in const for a in n.all_input_nodes):
             const.add(n)
+    return const
+
+
+def folded(gm) -> torch.fx.Graph:
+    """A copy of ``gm``'s graph as freezing leaves it: every value computed from the module's parameters and buffers
+    (``gm.weight_inputs``, from :func:`capture`) and constants alone is one input, as if computed at compile time (BriaFibo2's
+    RMSNorms of its learned latent queries are no sites on a route that freezes)."""
+    const = weight_values(gm)
     graph, env = torch.fx.Graph(), {}
     for n in gm.graph.nodes:
         if n in const and (n.op == "placeholder" or any(u not in const for u in n.users)):
@@ -540,7 +555,8 @@ def count_sites(graphs, frozen: bool = False) -> dict:
     """Sites per family over ``graphs`` (from :func:`capture`); ``frozen``: in the graphs as freezing folds them."""
     total = dict.fromkeys(FAMILIES, 0)
     for gm in graphs:
-        for k, v in count_graph(folded(gm) if frozen else gm.graph).items():
+        weights = weight_values(gm)
+        for k, v in count_graph(folded(gm) if frozen else gm.graph, weights).items():
             total[k] += v
     return total
 

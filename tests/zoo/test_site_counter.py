@@ -156,6 +156,22 @@ def test_hand_counts(name):
     assert count_sites(graphs) == only(**HAND[name])
 
 
+def test_a_zero_centred_norm_weight_is_no_modulation():
+    """Krea2's RMSNorm multiplies by ``weight + 1`` (a parameter): the norm's affine, not a ``(1 + scale)``
+    modulation; the modulation by the input-dependent scale after it is the site."""
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(D))
+
+        def forward(self, x, scale, shift):
+            n = F.rms_norm(x.float(), (D,), weight=self.weight + 1.0, eps=1e-5)
+            return (1.0 + scale[:, None]) * n + shift[:, None], F.rms_norm(x, (D,), weight=self.weight + 1.0)
+
+    graphs, _ = capture(M(), torch.randn(B, S, D), torch.randn(B, D), torch.randn(B, D))
+    assert count_sites(graphs) == only(rms_norm=2, adaln_rms=1)
+
+
 def test_frozen_counts_leave_out_sites_of_weights_alone():
     """On a freezing route a norm of a parameter (BriaFibo2's learned latent queries) is computed at compile time:
     no site. A norm of the input stays one, also when it reads the folded value."""
