@@ -225,6 +225,11 @@ CASES = [
     Case("mul_add", "mul_add", (1, 4096, 3072), (2, 64, 256), mul_add_inputs, mul_add_eager, mul_add_fused),
 ]
 OPS = sorted({c.op for c in CASES}, key=[c.op for c in CASES].index)
+# --zoo: the size of the zoo's tiny models (fusegraph.zoo: batch 2, a few dozen tokens, hidden 32, heads of 16),
+# where per-call costs, not bandwidth, decide
+ZOO_SHAPES = {"rms_norm": (2, 32, 32), "rope": (2, 32, 2, 16), "adaln": (2, 32, 32), "gelu_tanh": (2, 32, 128),
+              "mul_add": (2, 32, 32)}
+assert set(ZOO_SHAPES) == set(OPS)
 
 
 # --- measuring -----------------------------------------------------------------------------------------
@@ -234,15 +239,17 @@ def _error_text(e: BaseException) -> str:
 
 
 def measure_case(case: Case, dtype: torch.dtype, device: torch.device, *, quick: bool, backend: str | None,
-                 warmup: int, reps: int) -> dict:
-    """All numbers of one row (seconds; None where a variant could not run, with the reason)."""
-    shape = case.quick_shape if quick else case.shape
+                 warmup: int, reps: int, zoo: bool = False, route: bool = False) -> dict:
+    """All numbers of one row (seconds; None where a variant could not run, with the reason). ``route``: also
+    the composition compiled by fusegraph's default route (fusion, then Inductor), in the same interleaved runs."""
+    shape = ZOO_SHAPES[case.op] if zoo else case.quick_shape if quick else case.shape
     args = case.inputs(shape, dtype, device)
     row = {"op": case.op, "label": case.label, "dtype": timing.DTYPE_NAMES[dtype], "shape": list(shape),
            "eager_s": None, "compiled_s": None, "compile_s": None, "fused_s": None, "copy_s": None,
            "copy_prealloc_s": None, "bytes": None, "max_abs_diff": None, "close": None,
            "fused_err64": None, "eager_err64": None,
-           "compiled_max_abs_diff": None, "fused_error": None, "compiled_error": None}
+           "compiled_max_abs_diff": None, "fused_error": None, "compiled_error": None,
+           "route_s": None, "route_fused": None, "route_error": None}
 
     expected = case.eager(*args)
     ref64 = case.eager(*(a.double() for a in args))
@@ -258,6 +265,19 @@ def measure_case(case: Case, dtype: torch.dtype, device: torch.device, *, quick:
             fns["compiled"] = lambda: compiled(*args)
         except Exception as e:  # noqa: BLE001 - report and go on (e.g. no C++ compiler for Inductor)
             row["compiled_error"] = _error_text(e)
+
+    if route:
+        from fusegraph import Backend
+
+        torch._dynamo.reset()
+        fg = Backend()
+        routed = torch.compile(case.eager, backend=fg)
+        try:
+            routed(*args)
+            row["route_fused"] = sum(fg.stats.patterns.values())
+            fns["route"] = lambda: routed(*args)
+        except Exception as e:  # noqa: BLE001
+            row["route_error"] = _error_text(e)
 
     try:
         out = case.fused(*args)
@@ -334,7 +354,10 @@ def _ratio(a, b, fmt="{:.2f}"):
     return "-" if a is None or b is None else fmt.format(a / b)
 
 
-def table_rows(rows: list[dict]) -> list[list[str]]:
+ROUTE_HEADERS = ["fg route", "route/comp"]
+
+
+def table_rows(rows: list[dict], route: bool = False) -> list[list[str]]:
     out = []
     for r in rows:
         fused = _t(r["fused_s"]) if r["fused_error"] is None else "n/a"
@@ -346,6 +369,9 @@ def table_rows(rows: list[dict]) -> list[list[str]]:
                     _t(r["copy_prealloc_s"]), _ratio(r["eager_s"], r["fused_s"], "{:.2f}x"),
                     _ratio(r["fused_s"], r["compiled_s"]), _ratio(r["fused_s"], r["copy_s"]), diff, err,
                     _t(r["compile_s"])])
+        if route:
+            routed = "error" if r["route_error"] else _t(r["route_s"]) + ("" if r["route_fused"] else " (unfused)")
+            out[-1] += [routed, _ratio(r["route_s"], r["compiled_s"])]
     return out
 
 
@@ -357,6 +383,8 @@ copy = a copy moving the fused op's bytes (inputs + output) into a fresh output-
 max|diff| = fused vs eager; fp64 err = max abs error of fused and of eager vs the composition in float64
   (WRONG: fused outside torch.testing's default tolerance for the dtype).
 compile = first call of the compiled code (compile + one run; on-disk caches may shorten it), apart."""
+ROUTE_LEGEND = """fg route = the same composition through torch.compile(backend=fusegraph.Backend()): fusion, then Inductor
+  (the fused op called from Inductor's generated code); route/comp = its time / the compiled column's."""
 
 
 def parse_args(argv):
@@ -365,6 +393,10 @@ def parse_args(argv):
     p.add_argument("--dtype", default="fp32,bf16", help="comma list of fp32, bf16, fp16 (default fp32,bf16)")
     p.add_argument("--ops", default=",".join(OPS), help=f"comma list of ops (default all: {','.join(OPS)})")
     p.add_argument("--quick", action="store_true", help="tiny shapes and few reps (smoke test)")
+    p.add_argument("--zoo", action="store_true",
+                   help="the zoo's tiny-model sizes (batch 2, 32 tokens, hidden 32), where per-call costs decide")
+    p.add_argument("--route", action="store_true",
+                   help="add a column: the composition compiled by fusegraph's default route (fusion + Inductor)")
     p.add_argument("--backend", default="inductor",
                    help="torch.compile backend of the 'compiled' column (default inductor; 'none' skips it)")
     p.add_argument("--reps", type=int, default=None, help="timed runs per median (default 10, quick 3)")
@@ -394,21 +426,25 @@ def main(argv) -> int:
     rows = []
     for case in (c for c in CASES if c.op in ops):
         for dtype in dtypes:
-            row = measure_case(case, dtype, device, quick=args.quick, backend=backend, warmup=warmup, reps=reps)
+            row = measure_case(case, dtype, device, quick=args.quick, backend=backend, warmup=warmup, reps=reps,
+                               zoo=args.zoo, route=args.route)
             rows.append(row)
             print(f"  measured {row['label']} {row['dtype']}", flush=True)
 
     print()
-    print(timing.format_table(HEADERS, table_rows(rows)))
+    print(timing.format_table(HEADERS + (ROUTE_HEADERS if args.route else []), table_rows(rows, args.route)))
     print(LEGEND.format(backend=backend or "none: skipped"))
+    if args.route:
+        print(ROUTE_LEGEND)
     for r in rows:
-        for key in ("fused_error", "compiled_error"):
+        for key in ("fused_error", "compiled_error", "route_error"):
             if r[key]:
                 print(f"note: {r['label']} {r['dtype']}: {key.split('_')[0]} did not run: {r[key]}")
 
     if args.json:
         timing.write_json(args.json, {"subject": "ops", "facts": timing.run_facts(device),
-                                      "settings": {"quick": args.quick, "warmup": warmup, "reps": reps,
+                                      "settings": {"quick": args.quick, "zoo": args.zoo, "route": args.route,
+                                                   "warmup": warmup, "reps": reps,
                                                    "compile_backend": backend},
                                       "rows": rows})
         print(f"wrote {args.json}")

@@ -46,6 +46,18 @@ def test_bench_ops_quick_times_compiled_apart_from_its_compile(tmp_path, capsys)
     assert row["compiled_max_abs_diff"] < 1e-5
 
 
+def test_bench_ops_zoo_shapes_with_the_route_column(tmp_path, capsys):
+    # --zoo: the zoo's tiny sizes; --route: the composition through fusegraph's default route, which must fuse it
+    path = tmp_path / "ops.json"
+    rc, out = _run(["bench", "ops", "--zoo", "--route", "--reps", "3", "--warmup", "1", "--ops", "mul_add",
+                    "--dtype", "fp32", "--backend", "eager", "--json", str(path)], capsys)
+    assert rc == 0, out
+    (row,) = json.loads(path.read_text())["rows"]
+    assert row["shape"] == list(ops.ZOO_SHAPES["mul_add"])
+    assert row["route_error"] is None and row["route_fused"] == 1 and row["route_s"] > 0, row
+    assert "fg route" in out and "route/comp" in out
+
+
 def test_bench_ops_flags_a_wrong_fused_result(monkeypatch, tmp_path, capsys):
     case = next(c for c in ops.CASES if c.op == "gelu_tanh")
     wrong = ops.Case(case.op, case.label, case.shape, case.quick_shape, case.inputs, case.eager,
