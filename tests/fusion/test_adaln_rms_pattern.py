@@ -320,3 +320,21 @@ def test_lookalikes_stay_unfused(fn):
     else:
         assert fused(b, "adaln") == 0
     assert_matches(out, eager)
+
+
+@pytest.mark.parametrize("inductor", [False, True])
+def test_modulation_shared_by_layers_fuses_in_each(inductor):
+    """Ernie-Image computes its adaLN modulation once and every layer applies the same ``1 + scale``: freezing's CSE
+    (the default, inductor=True route) merges the layers' ``add(scale, 1)`` into one node that all products read,
+    which blocked every match (0 of 4 in the zoo model). Each product now gets its own copy first."""
+    norms = [randomize(RMSNorm(D, eps=1e-6)) for _ in range(3)]
+
+    def f(x, scale, shift):
+        for norm in norms:
+            x = x + (norm(x) * (1 + scale) + shift).tanh()
+        return x
+
+    x, (scale, shift) = torch.randn(2, 7, D), modulation(2, 7, torch.float32)
+    b, out, eager = compile_and_run(f, x, scale, shift, inductor=inductor)
+    assert fused(b, "adaln") == 3 and b.stats.patterns["adaln_rms"] == 3
+    assert_matches(out, eager)

@@ -193,6 +193,35 @@ def split_shared_rms_cores(graph: torch.fx.Graph) -> int:
     return copies
 
 
+_ONE_PLUS_VIEWS = (torch.ops.aten.unsqueeze.default, torch.ops.aten.view.default, torch.ops.aten.reshape.default,
+                   torch.ops.aten.expand.default)
+
+
+def _is_one_plus(node) -> bool:
+    """``node`` is ``add(t, 1)`` (the literal 1), or a view / unsqueeze / expand of one."""
+    while isinstance(node, torch.fx.Node) and any(_is(node, v) for v in _ONE_PLUS_VIEWS):
+        node = node.args[0]
+    return (_is(node, torch.ops.aten.add.Tensor) and len(node.args) == 2 and isinstance(node.args[0], torch.fx.Node)
+            and node.args[1] == 1 and not node.kwargs)
+
+
+def split_shared_one_plus(graph: torch.fx.Graph) -> int:
+    """Freezing's CSE merges the ``1 + scale`` of modulations that read one scale (Ernie-Image shares its adaLN
+    modulation over all layers: every layer's ``norm(x) * (1 + scale_msa)`` reads the same ``add(scale, 1)``), and
+    the matcher refuses a match whose inner nodes have users outside it. Each product reading such a node gets its
+    own copy (one scale-sized add, which the fused op then absorbs). Returns the number of copies made."""
+    copies = 0
+    for node in reversed(list(graph.nodes)):  # consumers first: a shared view's copies then share the add above it
+        if len(node.users) < 2 or not _is_one_plus(node):
+            continue
+        readers = [u for u in node.users if _is(u, torch.ops.aten.mul.Tensor) or _is_one_plus(u)]
+        if not readers:
+            continue
+        rest = len(node.users) > len(readers)
+        copies += give_copies(graph, node, [[u] for u in (readers if rest else readers[1:])])
+    return copies
+
+
 def prepare_before(pm, *steps) -> None:
     """Makes ``pm.apply(graph)`` run ``steps`` (each ``step(fx.Graph)``) first."""
     apply = pm.apply

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch._inductor.pattern_matcher import Match, PatternMatcherPass, register_replacement
 
-from ._prepare import prepare_before, split_shared_casts
+from ._prepare import prepare_before, split_shared_casts, split_shared_one_plus
 from ._trace import fwd_functional
 
 _EPS_MAGIC = 0.07314279675483704  # exactly representable in fp32; every literal equal to it becomes eps
@@ -234,7 +234,7 @@ def unshare_norms(graph: torch.fx.Graph) -> int:
 def register(pm: PatternMatcherPass, opts) -> None:
     """Registers the AdaLN source forms, per dtype combination, into ``pm``."""
     del opts  # the pass manager decides whether this family runs
-    prepare_before(pm, unshare_norms, split_shared_casts)
+    prepare_before(pm, unshare_norms, split_shared_casts, split_shared_one_plus)
     reg = functools.partial(
         register_replacement,
         trace_fn=fwd_functional,

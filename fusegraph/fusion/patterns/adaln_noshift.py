@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch._inductor.pattern_matcher import PatternMatcherPass, register_replacement
 
+from ._prepare import prepare_before, split_shared_one_plus
 from .adaln_rms import (_DTYPES, _EPS_MAGIC, _STYLES, _rms, adaln_out_dtype, explicit_rms_calls_during, param_examples,
                         rms_expression_dtype, supported, trace_canonical)
 
@@ -190,6 +191,7 @@ def register(pm: PatternMatcherPass, opts) -> None:
     decomposition holds casts)."""
     del opts  # the pass manager decides whether this family runs
     explicit_rms_calls_during(pm)
+    prepare_before(pm, split_shared_one_plus)
     reg = functools.partial(
         register_replacement,
         trace_fn=trace_canonical,

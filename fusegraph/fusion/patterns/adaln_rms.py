@@ -33,6 +33,7 @@ import functools
 import torch
 from torch._inductor.pattern_matcher import Match, PatternMatcherPass, register_replacement
 
+from ._prepare import prepare_before, split_shared_one_plus
 from ...ops.rms_norm import rms_norm_out_dtype
 from ._trace import fwd_functional
 
@@ -340,6 +341,7 @@ def register(pm: PatternMatcherPass, opts) -> None:
     modulation) cover every dtype combination; identical patterns are skipped."""
     del opts  # the pass manager decides whether this family runs
     explicit_rms_calls_during(pm)
+    prepare_before(pm, split_shared_one_plus)
     reg = functools.partial(
         register_replacement,
         trace_fn=trace_canonical,
