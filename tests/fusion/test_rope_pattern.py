@@ -1313,3 +1313,90 @@ def test_other_lookalikes_stay_unfused(fn, route, error_logs):
     assert b.stats.patterns["rope"] == 0 and fused(b, "rope") == 0
     assert_matches(out, eager)
     assert not error_logs, [r.getMessage() for r in error_logs]
+
+
+# --- SanaWM's camera path (UCPE): the complex form on the second half of the head dim -------------------------
+
+
+def sana_wm_ucpe(q, k, v, P, P_inv, f):
+    """SanaWM's camera-path calls of ``_apply_ucpe_transform`` (transformer_sana_wm.py, the GDN / linear
+    attention's ``ray_transforms`` branch): q and the K‖V concatenation (V rotated too) in ``(B, H, D, N)``,
+    transposed to ``(B, H, N, D)`` (a strided last dim: the source's ``.contiguous()`` copies the rotated half),
+    and the output's inverse rotation (``rotary_emb.conj()``)."""
+    from diffusers.models.transformers.transformer_sana_wm import _apply_ucpe_transform
+
+    q_ucpe = _apply_ucpe_transform(q.transpose(-1, -2), P, f).transpose(-1, -2).contiguous()
+    kv = torch.cat([k, v], dim=1)
+    kv_ucpe = _apply_ucpe_transform(kv.transpose(-1, -2), P_inv, f).transpose(-1, -2).contiguous()
+    out = _apply_ucpe_transform(q_ucpe.transpose(-1, -2), P, f, inverse_rope=True).transpose(-1, -2).contiguous()
+    return q_ucpe, kv_ucpe, out
+
+
+def sana_wm_ucpe_ref64(q, k, v, P, P_inv, f):
+    """:func:`sana_wm_ucpe` in float64: the 4x4 transform of the first half, the complex128 rotation of the
+    second (rounded to x's dtype where the source rounds: after each transform)."""
+    def ucpe(x, m, freqs):  # x (B, H, N, D)
+        b, h, n, d = x.shape
+        proj, rot = x.double().split(d // 2, dim=-1)
+        proj = torch.einsum("bnij,bhnkj->bhnki", m.double(), proj.reshape(b, h, n, -1, 4)).reshape(b, h, n, d // 2)
+        rot = torch.view_as_real(torch.view_as_complex(rot.unflatten(-1, (-1, 2)).contiguous())
+                                 * freqs.to(torch.complex128)).flatten(-2)
+        return torch.cat([proj, rot], dim=-1)
+
+    dt = q.dtype
+    q_ucpe = ucpe(q.transpose(-1, -2), P, f).transpose(-1, -2)
+    kv_ucpe = ucpe(torch.cat([k, v], dim=1).transpose(-1, -2), P_inv, f).transpose(-1, -2)
+    out = ucpe(q_ucpe.to(dt).transpose(-1, -2), P, f.conj()).transpose(-1, -2)
+    return q_ucpe, kv_ucpe, out
+
+
+def sana_wm_ucpe_inputs(dtype):
+    torch.manual_seed(0)
+    B, H, D, N = 2, 2, 16, 6
+    q, k, v = (torch.randn(B, H, D, N, dtype=dtype) for _ in range(3))
+    P, P_inv = torch.randn(B, N, 4, 4, dtype=dtype), torch.randn(B, N, 4, 4, dtype=dtype)
+    return q, k, v, P, P_inv, cplx_freqs(1, 1, N, D // 4)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sana_wm_ucpe_rope_fuses(dtype, route, error_logs):
+    """The three rotations of :func:`sana_wm_ucpe`: each one fusegraph.rope on the half, equal to eager and to
+    float64. Before, ``unflatten(-1, (-1, 2))`` after the ``.contiguous()`` copy traced to a view with the pair
+    count spelled out where :func:`_complex`'s ``reshape`` keeps the -1: the exact re-check refused the match
+    and the complex product stayed (SanaWM's camera path: 5 of its 10 RoPE sites)."""
+    inputs = sana_wm_ucpe_inputs(dtype)
+    b, out, eager = compile_and_run(sana_wm_ucpe, *inputs, **route)
+    assert b.stats.patterns["rope"] == 3 and fused(b, "rope") == 3, b.stats.patterns
+    assert b.all_ops["aten.view_as_complex.default"] == 0
+    assert_matches(out, eager, scale=8.0, ref64=sana_wm_ucpe_ref64(*inputs))
+    assert not error_logs, [r.getMessage() for r in error_logs]
+
+
+def lookalike_ucpe_pairs_swapped(x, freqs):
+    """The camera path's complex form with each result pair written back as (imag, real)."""
+    x_rotated = torch.view_as_complex(x.to(torch.float32).unflatten(-1, (-1, 2)))
+    return torch.view_as_real(x_rotated * freqs).flip(-1).flatten(-2, -1).type_as(x)
+
+
+def lookalike_ucpe_x_conj(x, freqs):
+    """x's pairs conjugated before the product (a reflection, not a rotation)."""
+    x_rotated = torch.view_as_complex(x.to(torch.float32).unflatten(-1, (-1, 2)))
+    return torch.view_as_real(x_rotated.conj() * freqs).flatten(-2, -1).type_as(x)
+
+
+def lookalike_ucpe_halves_paired(x, freqs):
+    """Pairs (x[k], x[k + D/2]) instead of (x[2k], x[2k + 1]): ``unflatten(-1, (2, -1))`` then a transpose."""
+    x_rotated = torch.view_as_complex(x.to(torch.float32).unflatten(-1, (2, -1)).transpose(-1, -2).contiguous())
+    return torch.view_as_real(x_rotated * freqs).flatten(-2, -1).type_as(x)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("fn", [lookalike_ucpe_pairs_swapped, lookalike_ucpe_x_conj, lookalike_ucpe_halves_paired])
+def test_sana_wm_ucpe_lookalikes_stay_unfused(fn, route, error_logs):
+    """On the strided half the camera path rotates (copied contiguous first, as the source does)."""
+    x = torch.randn(2, 2, 16, 6).transpose(-1, -2)[..., 8:].contiguous()
+    b, out, eager = compile_and_run(fn, x, cplx_freqs(1, 1, 6, 4), **route)
+    assert b.stats.patterns["rope"] == 0 and fused(b, "rope") == 0
+    assert_matches(out, eager)
+    assert not error_logs, [r.getMessage() for r in error_logs]

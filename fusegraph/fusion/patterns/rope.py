@@ -72,7 +72,15 @@ Source forms:
   matches and the round trip stays, so the source's rounding is kept; Kandinsky 6's ``.to(x.dtype)`` is in the
   form. PRX's ``apply_rope`` is HiDream's.
 * SanaWM's ``_apply_rotary_emb`` on ``(B, H, D, N)`` features: the complex form on ``x.permute(0, 1, 3, 2)``,
-  the result permuted back → ``rope(x.permute(0, 1, 3, 2), ...).permute(0, 1, 3, 2)`` (views).
+  the result permuted back → ``rope(x.permute(0, 1, 3, 2), ...).permute(0, 1, 3, 2)`` (views). Its camera path
+  (``_apply_ucpe_transform``: q, the K‖V concatenation, V rotated too, and the output's inverse rotation with
+  ``rotary_emb.conj()``) rotates the second half of the head dim with the complex form written with
+  ``to(float32).unflatten(-1, (-1, 2))`` and ``flatten(-2, -1)`` (:func:`_complex_unflatten`) → ``rope(half,
+  ...)`` on that half (the first half's 4x4 transform and the ``cat`` stay). The half is ``.contiguous()``-copied
+  first where its last dim is strided; :func:`_complex`'s ``reshape`` traces to a view that keeps the -1 on
+  such a contiguous x and ``unflatten`` spells the pair count out, so the exact re-check refused that form
+  there (5 of SanaWM's 10 sites; the one on an unstrided half matched, the -1 being resolved on a strided x).
+  The conjugate is resolved (``_conj``, ``clone``) before the product: an ordinary complex table.
 * Helios' ``apply_rotary_emb_transposed``: Wan's form with each table slice taken at each use (the tables are
   the outputs of ``freqs_cis.unsqueeze(-2).chunk(2, -1)``). Sana-Video's is Wan's verbatim.
 
@@ -163,6 +171,19 @@ def _complex(x, freqs):
     ``view_as_real`` are float64 and ``type_as(x)`` is a real cast even for fp32 x (a form of its own)."""
     x_rotated = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
     return torch.view_as_real(x_rotated * freqs).flatten(3).type_as(x)
+
+
+def _complex_unflatten(x, freqs):
+    """SanaWM's ``_apply_ucpe_transform`` (camera path: q, the K‖V concatenation and the output, forward and
+    inverse): the complex form on the second half of the head dim, ``rotated.to(float32)``, ``.contiguous()``
+    where its last dim is strided, ``view_as_complex(unflatten(-1, (-1, 2)))``, ``view_as_real(... * freqs)
+    .flatten(-2, -1).type_as(rotated)``. :func:`_complex`'s ``reshape(..., -1, 2)`` traces to a view that
+    keeps the -1 on a contiguous x (it spells the pair count out on a strided one): after the ``.contiguous()``
+    the exact re-check refused that form, as ``unflatten`` spells the pair count out (a form of its own). The
+    ``.contiguous()`` stays outside the match (the op reads the copy); ``freqs.conj()`` (``inverse_rope``) is
+    resolved before the product (``_conj`` → a physical conjugate), so it is an input like any table."""
+    x_rotated = torch.view_as_complex(x.to(torch.float32).unflatten(3, (-1, 2)))
+    return torch.view_as_real(x_rotated * freqs).flatten(3, 4).type_as(x)
 
 
 def _hidream(x, freqs_cis):
@@ -703,6 +724,7 @@ def register(pm: PatternMatcherPass, opts) -> None:
             for freqs_dtype in (torch.complex64, torch.complex128):  # c128: a cast at the end, even for fp32 x
                 freqs = torch.empty(1, 5, 1, 8, dtype=freqs_dtype)
                 reg(_complex, _fused_complex, [x, freqs], _complex_tables)
+                reg(_complex_unflatten, _fused_complex, [x, freqs], _complex_tables)
             reg(_hidream, _fused_hidream, [x, torch.empty(1, 5, 1, 8, 2, 2)], _hidream_tables)
             reg(_matrix_sum, _fused_hidream, [x, torch.empty(1, 5, 1, 8, 2, 2)], _hidream_tables)
             reg(_helios, _fused_wan, [x, *cs])
