@@ -100,8 +100,24 @@ def inductor_deviation(model, kws, eagers, outs, problems) -> list:
     return vs_plain
 
 
+# Models plain torch.compile (Inductor) cannot compile on CPU at all: the default route hands the fused graph to
+# Inductor and fails alike. The test checks that plain Inductor still fails (so a fix upstream is noticed), then
+# marks the case xfail; the aten and graph routes run these models like any other.
+INDUCTOR_CANNOT_COMPILE = {
+    "Kandinsky6SRTransformer3DModel": "Inductor's CPU lowering of flex_attention (the NABLA block-sparse attention) "
+                                      "fails: 'too many values to unpack' / 'kv_indices was not declared'",
+}
+
+
 @pytest.mark.parametrize("name,route", list(_cases()))
 def test_zoo(name, route):
+    if route == "default" and name in INDUCTOR_CANNOT_COMPILE:
+        model, kw = zoo.build(name)
+        torch._dynamo.reset()
+        with torch.no_grad(), inductor_config.patch(fx_graph_cache=False), pytest.raises(Exception):
+            torch.compile(model)(**kw)
+        torch._dynamo.reset()
+        pytest.xfail(f"plain Inductor cannot compile {name} on CPU: {INDUCTOR_CANNOT_COMPILE[name]}")
     sites, frozen_sites, plain_graphs, plain_breaks = plain_capture(name)
     if route == "default":  # freezing computes weight-only values (and any site among them) at compile time
         sites = frozen_sites
