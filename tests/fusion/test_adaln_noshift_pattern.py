@@ -229,6 +229,74 @@ def test_a_shift_after_stays_with_the_adaln_family():
     assert_matches(out, eager)
 
 
+# --- shared values, views -------------------------------------------------------------------------------
+
+
+def scale_used_elsewhere(x, scale):
+    t = 1 + scale
+    return _rms(x) * t, t * 3
+
+
+def ln_scale_used_elsewhere(x, scale):
+    t = 1 + scale[:, 0]  # [B, D]: the continuous form (1 + scale)[:, None, :]
+    return F.layer_norm(x, [D], eps=1e-6) * t[:, None, :], t * 3
+
+
+def norm_used_elsewhere(x, scale):
+    """NucleusMoE's MoE block: the router reads the norm the MLP's modulation reads
+    (``img_mlp(img_normed2 * (1 + scale2), img_normed2)``)."""
+    n = F.layer_norm(x, [D], eps=1e-6)
+    return n * (1 + scale), n * 2
+
+
+@pytest.mark.parametrize("inductor", [False, True])
+@pytest.mark.parametrize("fn", [scale_used_elsewhere, ln_scale_used_elsewhere, norm_used_elsewhere])
+def test_shared_factor_or_norm_is_split_and_fuses(fn, inductor):
+    """A ``1 + scale`` or a norm that something else also reads: the modulation gets its own copy
+    (split_shared_factors, unshare_norms(shift=False)), fuses, and the other reader keeps the original."""
+    x, scale = torch.randn(2, 5, D), torch.randn(2, 1, D) * 0.5
+    b, out, eager = compile_and_run(fn, x, scale, inductor=inductor)
+    assert b.stats.patterns["adaln_noshift"] == 1 and fused(b, "adaln") == 1, b.stats.patterns
+    assert_matches(out, eager)
+
+
+@pytest.mark.parametrize("inductor", [False, True])
+def test_qwenimage21_shared_selected_rows_fuse(inductor):
+    """QwenImage21: both blocks' ``norm(h) * (1 + scale)`` read one per-token scale chosen by
+    ``torch.where(target_token_mask, real_rows, zero_row)`` (``_select_modulation_rows``); CSE (or the source)
+    shares the ``1 + scale`` between the two modulations."""
+    norm1 = nn.LayerNorm(D, elementwise_affine=False, eps=1e-6)
+    mask = torch.tensor([False] * 3 + [True] * 5)
+
+    def f(h, params):
+        real, zero = params[:-1].unsqueeze(1), params[-1:].unsqueeze(0)
+        factor = 1 + torch.where(mask.view(1, -1, 1), real, zero)
+        a = norm1(h) * factor
+        return a, norm1(a * 2) * factor
+
+    h, params = torch.randn(2, 8, D), torch.randn(3, D) * 0.5
+    b, out, eager = compile_and_run(f, h, params, inductor=inductor)
+    assert b.stats.patterns["adaln_noshift"] == 2 and fused(b, "adaln") == 2, b.stats.patterns
+    assert b.all_ops["aten.var_mean.correction"] == 0
+    assert_matches(out, eager)
+
+
+@pytest.mark.parametrize("inductor", [False, True])
+def test_per_frame_reshape_fuses(inductor):
+    """``norm(x).reshape(B, F, -1, C) * (1 + scale)`` with a per-frame ``[B, F, 1, C]`` scale (SanaWM's layout,
+    without the shift): the reshape keeps the last dim and moves in front of the norm."""
+
+    def f(x, scale):
+        B, N, C = x.shape
+        return (F.layer_norm(x, [C], eps=1e-6).reshape(B, 3, -1, C) * (1 + scale)).reshape(B, N, C)
+
+    x, scale = torch.randn(2, 12, D), torch.randn(2, 3, 1, D) * 0.5
+    b, out, eager = compile_and_run(f, x, scale, inductor=inductor)
+    assert b.stats.patterns["adaln_noshift"] == 1 and fused(b, "adaln") == 1, b.stats.patterns
+    assert b.all_ops["aten.var_mean.correction"] == 0
+    assert_matches(out, eager)
+
+
 # --- lookalikes ------------------------------------------------------------------------------------------
 
 _rms = RMSNorm(D, eps=1e-6, elementwise_affine=False)
@@ -266,21 +334,16 @@ def lookalike_ln_scale_grows_output(x, scale):
     return F.layer_norm(x, [D], eps=1e-6) * (1 + scale[:, None])
 
 
-def lookalike_scale_used_elsewhere(x, scale):
-    t = 1 + scale
-    return _rms(x) * t, t * 3
-
-
-def lookalike_norm_used_elsewhere(x, scale):
-    n = F.layer_norm(x, [D], eps=1e-6)
-    return n * (1 + scale), n * 2
+def lookalike_ln_reshape_changes_last_dim(x, scale):
+    B, N, C = x.shape
+    return F.layer_norm(x, [C], eps=1e-6).reshape(B, N, 2, C // 2) * (1 + scale[:, :, None, : C // 2])
 
 
 @pytest.mark.parametrize("fn", [lookalike_rms_two_plus_scale, lookalike_rms_one_minus_scale,
                                 lookalike_rms_over_another_dim, lookalike_ln_two_plus_scale,
                                 lookalike_ln_over_two_dims, lookalike_ln_scale_without_one,
                                 lookalike_scale_grows_output, lookalike_ln_scale_grows_output,
-                                lookalike_scale_used_elsewhere, lookalike_norm_used_elsewhere])
+                                lookalike_ln_reshape_changes_last_dim])
 def test_lookalikes_stay_unfused(fn):
     x, scale = torch.randn(2, 5, D), torch.randn(2, 1, D) * 0.5
     b, out, eager = compile_and_run(fn, x, scale, inductor=False)

@@ -196,6 +196,90 @@ def test_adaln_fuses_under_inductor():
     assert_matches(out, eager, scale=4.0)
 
 
+def _sana_wm_block(table):
+    """SanaWM's per-frame block modulation (transformer_sana_wm.py, SanaWMBlock.forward): scale/shift [B, F, 1, C]
+    chunks, the norm's output reshaped to [B, F, N / F, C] before the modulation."""
+    norm1 = nn.LayerNorm(D, elementwise_affine=False, eps=1e-6)
+
+    def f(x, t):
+        B, N, C = x.shape
+        num_frames = t.shape[2]
+        t = t.reshape(B, num_frames, 6, -1)
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = (table[None, None, :, :] + t).chunk(6, dim=-2)
+        x_norm1 = norm1(x).reshape(B, num_frames, -1, C)
+        a = (x_norm1 * (1 + scale_msa) + shift_msa).reshape(B, N, C)
+        x_norm2 = norm1(x * 2).reshape(B, num_frames, -1, C)
+        return a, (x_norm2 * (1 + scale_mlp) + shift_mlp).reshape(B, N, C)
+
+    return f
+
+
+@pytest.mark.parametrize("inductor", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sana_wm_per_frame_modulation_fuses(dtype, inductor):
+    """``norm(x).reshape(B, F, -1, C) * (1 + scale) + shift``: the reshape keeps the last dim, so it moves in front
+    of the norm (hoist_norm_views) and the plain form fuses with a rank-4 x."""
+    f = _sana_wm_block((torch.randn(6, D) / D ** 0.5).to(dtype))
+    x, t = torch.randn(2, 12, D, dtype=dtype), (torch.randn(2, 1, 3, 6 * D) * 0.5).to(dtype)
+    b, out, eager = compile_and_run(f, x, t, inductor=inductor)
+    assert b.stats.patterns["adaln"] == 2 and fused(b, "adaln") == 2, b.stats.patterns
+    assert fused(b, "mul_add") == 0
+    assert_ops_gone(b, *LN_CHAIN)
+    assert_matches(out, eager, scale=4.0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sana_wm_final_layer_fuses(dtype):
+    """T2IFinalLayer: ``(norm_final(x).reshape(B, F, -1, C) * (1 + scale) + shift).reshape(B, N, C)``."""
+    from diffusers.models.transformers.transformer_sana_wm import T2IFinalLayer
+
+    m = T2IFinalLayer(D, (1, 1), 4).to(dtype)
+    x, t = torch.randn(2, 12, D, dtype=dtype), (torch.randn(2, 1, 3, D) * 0.5).to(dtype)
+    b, out, eager = compile_and_run(m, x, t, inductor=False)
+    assert b.stats.patterns["adaln"] == 1 and fused(b, "adaln") == 1, b.stats.patterns
+    assert_ops_gone(b, *LN_CHAIN)
+    assert_matches(out, eager, scale=8.0, ref64=double(m, x, t))
+
+
+@pytest.mark.parametrize("inductor", [False, True])
+def test_one_plus_scale_shared_by_two_modulations_fuses_twice(inductor):
+    """Two norms modulated by one ``1 + scale`` (what CSE makes of two blocks reading the same scale): each
+    product gets its own copy of the factor (split_shared_factors) and both fuse."""
+
+    def f(x, scale, shift):
+        t = 1 + scale
+        a = F.layer_norm(x, [D], eps=1e-6) * t + shift
+        return a, F.layer_norm(a * 2, [D], eps=1e-6) * t + shift
+
+    x, scale, shift = torch.randn(2, 5, D), torch.randn(2, 1, D) * 0.5, torch.randn(2, 1, D)
+    b, out, eager = compile_and_run(f, x, scale, shift, inductor=inductor)
+    assert b.stats.patterns["adaln"] == 2 and fused(b, "adaln") == 2, b.stats.patterns
+    assert_ops_gone(b, *LN_CHAIN)
+    assert_matches(out, eager)
+
+
+def lookalike_reshape_changes_last_dim(x, scale, shift):
+    """The norm's rows of D are split in two: the norm does not commute with this reshape."""
+    B, N, C = x.shape
+    return F.layer_norm(x, [C], eps=1e-6).reshape(B, 3, -1, C // 2) * (1 + scale) + shift
+
+
+def lookalike_reshape_merges_rows(x, scale, shift):
+    """Two rows of D become one of 2 D: not the norm's rows either."""
+    B, N, C = x.shape
+    return F.layer_norm(x, [C], eps=1e-6).reshape(B, 3, -1, 2 * C) * (1 + scale) + shift
+
+
+@pytest.mark.parametrize("inductor", [False, True])
+@pytest.mark.parametrize("fn,width", [(lookalike_reshape_changes_last_dim, D // 2),
+                                      (lookalike_reshape_merges_rows, 2 * D)])
+def test_reshape_that_changes_the_last_dim_stays_unfused(fn, width, inductor):
+    x, scale, shift = torch.randn(2, 12, D), torch.randn(2, 3, 1, width), torch.randn(2, 3, 1, width)
+    b, out, eager = compile_and_run(fn, x, scale, shift, inductor=inductor)
+    assert b.stats.patterns["adaln"] == 0 and b.stats.patterns["adaln_noshift"] == 0 and fused(b, "adaln") == 0
+    assert_matches(out, eager)
+
+
 # --- lookalikes ------------------------------------------------------------------------------------------
 
 

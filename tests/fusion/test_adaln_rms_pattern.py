@@ -301,14 +301,25 @@ def lookalike_shift_grows_output(x, scale, shift):
     return _norm(x) * (1 + scale) + shift[:, None]  # [B, 1, 1, D] + [B, S, D] -> [B, B, S, D]
 
 
-def lookalike_scale_used_elsewhere(x, scale, shift):
+def scale_used_elsewhere(x, scale, shift):
     t = 1 + scale
     return _norm(x) * t + shift, t * 3
 
 
+@pytest.mark.parametrize("inductor", [False, True])
+def test_shared_one_plus_scale_is_split_and_the_whole_modulation_fuses(inductor):
+    """A ``1 + scale`` also read elsewhere: the modulation gets its own copy (split_shared_factors) and fuses with
+    its shift here, not as a no-shift adaln plus an add."""
+    x = torch.randn(2, 5, D)
+    scale, shift = modulation(2, 5, torch.float32)
+    b, out, eager = compile_and_run(scale_used_elsewhere, x, scale, shift, inductor=inductor)
+    assert b.stats.patterns["adaln_rms"] == 1 and b.stats.patterns["adaln_noshift"] == 0, b.stats.patterns
+    assert fused(b, "adaln") == 1
+    assert_matches(out, eager)
+
+
 @pytest.mark.parametrize("fn", [lookalike_two_plus_scale, lookalike_scale_without_one, lookalike_shift_minus,
-                                lookalike_rms_over_another_dim, lookalike_shift_grows_output,
-                                lookalike_scale_used_elsewhere])
+                                lookalike_rms_over_another_dim, lookalike_shift_grows_output])
 def test_lookalikes_stay_unfused(fn):
     x = torch.randn(2, 5, D)
     scale, shift = modulation(2, 5, torch.float32)

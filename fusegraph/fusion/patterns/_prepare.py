@@ -16,6 +16,9 @@ make real models miss fusions:
   that shared core and left both products unfused: one fused site for two norms. :func:`split_shared_rms_cores`
   gives each weight product its own copy of the core again (the aten route never had the sharing, so both
   routes fuse the same norms).
+* **CSE of modulation factors.** Two modulations with the same scale (QwenImage21: every block's
+  ``norm(h) * (1 + scale)`` selects the same per-token scale rows) share one ``1 + scale`` — an inner node of
+  each modulation pattern. :func:`split_shared_factors` gives each product its own copy.
 * **One norm, two modulations** (SD35AdaLayerNormZeroX): handled in ``adaln.unshare_norms``.
 """
 from __future__ import annotations
@@ -88,6 +91,36 @@ def give_copies(graph: torch.fx.Graph, node: torch.fx.Node, groups) -> int:
         for user in users:
             user.replace_input_with(node, copy)
         copies += 1
+    return copies
+
+
+_FACTOR_VIEWS = (_aten.unsqueeze.default, _aten.view.default, _aten.reshape.default)
+
+
+def _one_plus(node) -> bool:
+    """``1 + s`` as traced (``add(s, 1)``, either order), or a view of it: a modulation's factor."""
+    while _is(node, _FACTOR_VIEWS[0]) or _is(node, _FACTOR_VIEWS[1]) or _is(node, _FACTOR_VIEWS[2]):
+        node = node.args[0]
+    return (_is(node, _aten.add.Tensor) and len(node.args) == 2 and not node.kwargs
+            and sum(not isinstance(a, torch.fx.Node) and a == 1 for a in node.args) == 1)
+
+
+def split_shared_factors(graph: torch.fx.Graph) -> int:
+    """Gives each product (``mul``) or view that reads a shared ``1 + s`` factor (or a shared view of one) its
+    own copy of it; other users keep the original together. Views are split before the factor they read,
+    so a whole ``(1 + s)[:, None]`` path ends up per product. Returns the number of copies made. The graph's
+    outputs and every value are unchanged; Inductor merges or inlines what then stays unfused."""
+    copies = 0
+    for node in reversed(list(graph.nodes)):
+        if len(node.users) < 2 or not _one_plus(node):
+            continue
+        groups, rest = [], False
+        for user in node.users:
+            if _is(user, _aten.mul.Tensor) or any(_is(user, t) for t in _FACTOR_VIEWS):
+                groups.append([user])
+            else:
+                rest = True
+        copies += give_copies(graph, node, groups if rest else groups[1:])
     return copies
 
 
@@ -190,35 +223,6 @@ def split_shared_rms_cores(graph: torch.fx.Graph) -> int:
             for consumer in consumers:
                 consumer.replace_input_with(read, env[read])
             copies += 1
-    return copies
-
-
-_ONE_PLUS_VIEWS = (torch.ops.aten.unsqueeze.default, torch.ops.aten.view.default, torch.ops.aten.reshape.default,
-                   torch.ops.aten.expand.default)
-
-
-def _is_one_plus(node) -> bool:
-    """``node`` is ``add(t, 1)`` (the literal 1), or a view / unsqueeze / expand of one."""
-    while isinstance(node, torch.fx.Node) and any(_is(node, v) for v in _ONE_PLUS_VIEWS):
-        node = node.args[0]
-    return (_is(node, torch.ops.aten.add.Tensor) and len(node.args) == 2 and isinstance(node.args[0], torch.fx.Node)
-            and node.args[1] == 1 and not node.kwargs)
-
-
-def split_shared_one_plus(graph: torch.fx.Graph) -> int:
-    """Freezing's CSE merges the ``1 + scale`` of modulations that read one scale (Ernie-Image shares its adaLN
-    modulation over all layers: every layer's ``norm(x) * (1 + scale_msa)`` reads the same ``add(scale, 1)``), and
-    the matcher refuses a match whose inner nodes have users outside it. Each product reading such a node gets its
-    own copy (one scale-sized add, which the fused op then absorbs). Returns the number of copies made."""
-    copies = 0
-    for node in reversed(list(graph.nodes)):  # consumers first: a shared view's copies then share the add above it
-        if len(node.users) < 2 or not _is_one_plus(node):
-            continue
-        readers = [u for u in node.users if _is(u, torch.ops.aten.mul.Tensor) or _is_one_plus(u)]
-        if not readers:
-            continue
-        rest = len(node.users) > len(readers)
-        copies += give_copies(graph, node, [[u] for u in (readers if rest else readers[1:])])
     return copies
 
 

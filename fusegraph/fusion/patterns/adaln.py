@@ -15,6 +15,11 @@ Source forms (diffusers):
   with an affine ``nn.LayerNorm``).
 * Flux2: ``(1 + scale) * norm(x) + shift``. The matcher compares arguments in order (it knows nothing of
   commutativity), so the scale-first product is a form of its own.
+* SanaWM (blocks and ``T2IFinalLayer``): ``norm(x).reshape(B, F, -1, C) * (1 + scale) + shift`` with per-frame
+  ``[B, F, 1, C]`` scale/shift. No search form of its own: a pre-step (:func:`hoist_norm_views`) moves a view or
+  reshape that keeps the last dim in front of the (weightless) norm, ``norm(x.reshape(B, F, -1, C))`` — the
+  same rows of C, so the same values — and the plain form then matches with a rank-4 x. A view that changes
+  the last dim stays where it is (and nothing fuses).
 
 Output dtype: the source's (type promotion of x, scale and shift, or ``x.dtype`` after ``type_as``), passed
 as ``out_dtype`` when it is not x's. eps is captured from the graph. The ``1`` in ``1 + scale``, the
@@ -24,17 +29,20 @@ a norm over another dim do not fuse.
 A LayerNorm whose output feeds two modulations (SD35AdaLayerNormZeroX's ``norm_hidden_states`` → msa and
 msa2) is fused as two ``adaln`` calls: the pattern matcher refuses a match whose inner nodes have users
 outside it, so ``register`` adds a pre-step (:func:`unshare_norms`) that gives each modulation its own copy
-of the shared norm, after the casts CSE merged are split again (``_prepare.split_shared_casts``).
+of the shared norm, after the casts CSE merged are split again (``_prepare.split_shared_casts``). For the same
+reason a ``1 + scale`` that CSE made two modulations share (QwenImage21's blocks) is first given one copy per
+product (``_prepare.split_shared_factors``).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
 import torch.nn.functional as F
 from torch._inductor.pattern_matcher import Match, PatternMatcherPass, register_replacement
 
-from ._prepare import prepare_before, split_shared_casts, split_shared_one_plus
+from ._prepare import prepare_before, split_shared_casts, split_shared_factors
 from ._trace import fwd_functional
 
 _EPS_MAGIC = 0.07314279675483704  # exactly representable in fp32; every literal equal to it becomes eps
@@ -184,23 +192,98 @@ def _norm_chain(var_mean: torch.fx.Node):
     return chain + [cast] if cast is not None else chain
 
 
-def _is_modulation(user: torch.fx.Node, norm_out: torch.fx.Node) -> bool:
+_VIEWS = (_aten.view.default, _aten.reshape.default, _aten._unsafe_view.default)
+
+
+def _is_modulation(user: torch.fx.Node, norm_out: torch.fx.Node, shift: bool = True) -> bool:
     """``norm_out * t + u`` (or ``t * norm_out + u``) where t is ``1 + s`` or a view of it: what the adaln
-    patterns fuse."""
+    patterns fuse; with ``shift=False`` also ``norm_out * t`` alone (the adaln_noshift family)."""
     if user.op != "call_function" or user.target != _aten.mul.Tensor or len(user.args) != 2:
         return False
-    if norm_out not in user.args or len(user.users) != 1:
+    if list(user.args).count(norm_out) != 1 or (shift and len(user.users) != 1):
         return False
     factor = user.args[1] if user.args[0] is norm_out else user.args[0]  # norm * (1 + s) or (1 + s) * norm
-    while isinstance(factor, torch.fx.Node) and factor.target in (_aten.unsqueeze.default, _aten.view.default):
+    while isinstance(factor, torch.fx.Node) and factor.target in (_aten.unsqueeze.default, *_VIEWS):
         factor = factor.args[0]
-    return (isinstance(factor, torch.fx.Node) and factor.target == _aten.add.Tensor and factor.args[1] == 1
-            and next(iter(user.users)).target == _aten.add.Tensor)
+    if not (isinstance(factor, torch.fx.Node) and factor.target == _aten.add.Tensor and factor.args[1] == 1):
+        return False
+    return not shift or next(iter(user.users)).target == _aten.add.Tensor
 
 
-def unshare_norms(graph: torch.fx.Graph) -> int:
+def _over_last_dim(var_mean: torch.fx.Node) -> bool:
+    """``var_mean(x, [-1] | [x.dim() - 1], correction=0, keepdim=True)``: a LayerNorm's statistics."""
+    val = var_mean.args[0].meta.get("val") if isinstance(var_mean.args[0], torch.fx.Node) else None
+    dims = var_mean.args[1] if len(var_mean.args) > 1 else var_mean.kwargs.get("dim")
+    return (isinstance(val, torch.Tensor) and isinstance(dims, (list, tuple)) and len(dims) == 1
+            and dims[0] in (-1, val.dim() - 1) and var_mean.kwargs.get("correction") == 0
+            and var_mean.kwargs.get("keepdim") is True)
+
+
+def _refresh_vals(nodes) -> None:
+    """Recomputes ``meta["val"]`` of ``nodes`` (in graph order) from their inputs' fake values."""
+    from torch._guards import detect_fake_mode
+
+    def fake(a):
+        return a.meta["val"] if isinstance(a, torch.fx.Node) else a
+
+    inputs = {a for n in nodes for a in n.all_input_nodes} - set(nodes)
+    mode = detect_fake_mode([a.meta.get("val") for a in inputs])
+    with mode if mode is not None else contextlib.nullcontext():
+        for n in nodes:
+            args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), fake)
+            n.meta["val"] = n.target(*args, **kwargs)
+            n.meta.pop("tensor_meta", None)
+
+
+def hoist_norm_views(graph: torch.fx.Graph) -> int:
+    """SanaWM's per-frame modulation ``norm(x).reshape(B, F, -1, C) * (1 + scale) + shift`` (scale/shift
+    ``[B, F, 1, C]``): a LayerNorm over the last dim commutes with a view or reshape that keeps the last dim
+    (each row of C elements stays one row), so the view is moved in front of the norm —
+    ``norm(x.reshape(B, F, -1, C))`` — and the modulation then matches the plain forms with a rank-4 x.
+
+    Only a weightless LayerNorm chain (:func:`_norm_chain`, over the last dim) whose only user is the view
+    moves, and only when the view's result is modulated (a ``* (1 + s)``, with or without a shift); the
+    view's last dim is re-checked against x's exactly. Returns the number of views moved. The graph's
+    outputs and every value are unchanged."""
+    moved = 0
+    for var_mean in list(graph.find_nodes(op="call_function", target=_aten.var_mean.correction)):
+        chain = _norm_chain(var_mean)
+        if chain is None or not _over_last_dim(var_mean):
+            continue
+        out = chain[-1]
+        if len(out.users) != 1:
+            continue
+        view = next(iter(out.users))
+        if view.op != "call_function" or view.target not in _VIEWS or len(view.args) != 2 or view.kwargs:
+            continue
+        shape, before, after = view.args[1], out.meta.get("val"), view.meta.get("val")
+        if not (isinstance(shape, (list, tuple)) and all(type(d) is int for d in shape)
+                and isinstance(before, torch.Tensor) and isinstance(after, torch.Tensor) and after.dim() >= 2
+                and type(before.shape[-1]) is int and type(after.shape[-1]) is int
+                and after.shape[-1] == before.shape[-1]):
+            continue
+        if not any(_is_modulation(u, view, shift=False) for u in view.users):
+            continue
+        first = chain[0]  # var_mean, or the upcast that belongs to this norm alone
+        src = first.args[0]
+        readers = [first] if first.target == _CONVERT else [n for n in chain if src in n.args]
+        with graph.inserting_before(first):
+            reshaped = graph.call_function(_aten.reshape.default, (src, list(shape)))
+        for n in readers:
+            n.replace_input_with(src, reshaped)
+        var_mean.args = (var_mean.args[0], [after.dim() - 1], *var_mean.args[2:])
+        view.replace_all_uses_with(out)
+        graph.erase_node(view)
+        _refresh_vals([reshaped, *chain])
+        moved += 1
+    return moved
+
+
+def unshare_norms(graph: torch.fx.Graph, shift: bool = True) -> int:
     """Gives each modulation of a layer norm shared by several (SD35AdaLayerNormZeroX: msa and msa2) its
-    own copy of the norm, so each can fuse into one ``adaln``. Returns the number of copies made.
+    own copy of the norm, so each can fuse into one ``adaln``. Returns the number of copies made. With
+    ``shift=False`` (the adaln_noshift family) a ``norm * (1 + s)`` without a shift counts as a modulation
+    too (NucleusMoE: the MoE router reads the norm the MLP's modulation reads).
 
     Only modulation users get copies; any other user keeps the original. A copy that then does not fuse
     is left to Inductor's CSE (inductor=True) or costs one extra norm (inductor=False)."""
@@ -212,7 +295,7 @@ def unshare_norms(graph: torch.fx.Graph) -> int:
         if chain is None:
             continue
         out = chain[-1]
-        mods = [u for u in out.users if _is_modulation(u, out)]
+        mods = [u for u in out.users if _is_modulation(u, out, shift)]
         if len(out.users) < 2 or not mods:
             continue
         if len(mods) == len(out.users):
@@ -234,7 +317,7 @@ def unshare_norms(graph: torch.fx.Graph) -> int:
 def register(pm: PatternMatcherPass, opts) -> None:
     """Registers the AdaLN source forms, per dtype combination, into ``pm``."""
     del opts  # the pass manager decides whether this family runs
-    prepare_before(pm, unshare_norms, split_shared_casts, split_shared_one_plus)
+    prepare_before(pm, split_shared_factors, unshare_norms, split_shared_casts, hoist_norm_views)
     reg = functools.partial(
         register_replacement,
         trace_fn=fwd_functional,

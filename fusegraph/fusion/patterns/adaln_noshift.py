@@ -18,9 +18,17 @@ Source forms (diffusers):
   without the shift: ``ln(x) * (1 + scale)``, scale first, ``(1 + scale)[:, None, :]``, an affine LayerNorm
   in both layouts, and the fp32-upcast ``(ln(x.float()) * (1 + scale)).type_as(x)``.
 
+Shared values (the same pre-steps as the adaln family's): a LayerNorm that something else also reads gets a copy
+for its modulation (NucleusMoE's MoE block: the router reads ``img_normed2``, the MLP ``img_normed2 * (1 +
+scale2)``) — ``adaln.unshare_norms(shift=False)``; a ``1 + scale`` two modulations share (QwenImage21: every
+block's ``norm(h) * (1 + scale)`` with the same per-token ``torch.where``-selected rows, merged by CSE on the
+default route) gets one copy per product — ``_prepare.split_shared_factors``; a view of the norm's output that
+keeps the last dim moves in front of the norm — ``adaln.hoist_norm_views``.
+
 The adaln family runs first (and adaln_rms before this one), so a modulation with a shift is never split into
 a no-shift adaln and an add. Output dtype, eps capture and the checks (the ``1`` of ``1 + scale``, rank >= 2,
-a scale that does not grow x, no outside users of inner nodes) are those of the adaln and adaln_rms families.
+a scale that does not grow x, no outside users of inner nodes after the pre-steps) are those of the adaln and
+adaln_rms families.
 """
 from __future__ import annotations
 
@@ -30,7 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch._inductor.pattern_matcher import PatternMatcherPass, register_replacement
 
-from ._prepare import prepare_before, split_shared_one_plus
+from ._prepare import prepare_before, split_shared_casts, split_shared_factors
+from .adaln import hoist_norm_views, unshare_norms
 from .adaln_rms import (_DTYPES, _EPS_MAGIC, _STYLES, _rms, adaln_out_dtype, explicit_rms_calls_during, param_examples,
                         rms_expression_dtype, supported, trace_canonical)
 
@@ -191,7 +200,8 @@ def register(pm: PatternMatcherPass, opts) -> None:
     decomposition holds casts)."""
     del opts  # the pass manager decides whether this family runs
     explicit_rms_calls_during(pm)
-    prepare_before(pm, split_shared_one_plus)
+    prepare_before(pm, split_shared_factors, functools.partial(unshare_norms, shift=False), split_shared_casts,
+                   hoist_norm_views)
     reg = functools.partial(
         register_replacement,
         trace_fn=trace_canonical,

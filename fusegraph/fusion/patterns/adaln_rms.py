@@ -15,7 +15,8 @@ ACE-Step's ``(n * (1 + scale) + shift).type_as(h)`` (float32 modulation table) a
 ``(n.float() * (1 + scale.float()) + shift.float()).to(n.dtype)``.
 
 A fused RMSNorm that several modulations read (LTX2's a2v and v2a cross-attention) gets a copy per modulation
-first (:func:`unshare_rms_norms`).
+first (:func:`unshare_rms_norms`), and so does a ``1 + scale`` that several products read
+(``_prepare.split_shared_factors``).
 
 Replacement: ``adaln(x, scale, shift, eps, weight=w, bias=b, norm="rms", out_dtype=...)`` with out_dtype the
 matched expression's dtype (rms_norm's output dtype for its style, promoted with scale and shift) whenever
@@ -24,7 +25,8 @@ eager rounds after the norm (diffusers style with a half weight: twice), the pro
 
 The ``1`` of ``1 + scale`` is a literal in the pattern, checked per match (``2 + scale`` does not fuse); scale
 and shift must broadcast to x without growing it; x has rank >= 2 (adaln's contract). The matcher refuses a
-match whose inner nodes have users outside it (a norm or ``1 + scale`` also read elsewhere stays unfused).
+match whose inner nodes have users outside it: after those copies, what else stays shared (an RMSNorm's
+intermediate read elsewhere) stays unfused.
 """
 from __future__ import annotations
 
@@ -33,8 +35,8 @@ import functools
 import torch
 from torch._inductor.pattern_matcher import Match, PatternMatcherPass, register_replacement
 
-from ._prepare import prepare_before, split_shared_one_plus
 from ...ops.rms_norm import rms_norm_out_dtype
+from ._prepare import prepare_before, split_shared_factors
 from ._trace import fwd_functional
 
 _EPS_MAGIC = 0.07314279675483704  # exactly representable in fp32; every literal equal to it becomes eps
@@ -341,7 +343,7 @@ def register(pm: PatternMatcherPass, opts) -> None:
     modulation) cover every dtype combination; identical patterns are skipped."""
     del opts  # the pass manager decides whether this family runs
     explicit_rms_calls_during(pm)
-    prepare_before(pm, split_shared_one_plus)
+    prepare_before(pm, split_shared_factors)
     reg = functools.partial(
         register_replacement,
         trace_fn=trace_canonical,
