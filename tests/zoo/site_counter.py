@@ -478,15 +478,30 @@ def mul_add_sites(graph, claimed):
     return count
 
 
-def rms_sites(graph) -> int:
-    return sum(rms_site(n) or op(n) in ("rms_norm", "_fused_rms_norm") for n in graph.nodes)
+def rms_sites(graph, weights=frozenset()) -> int:
+    """RMS sites; a normalised output that several weights multiply is that many norms (CSE merges the shared core
+    ``x * rsqrt(mean(x²) + eps)`` of norms of one input — LuminaNext's per-block ``norm1_context`` — but each norm
+    still has its own weight)."""
+    count = 0
+    for n in graph.nodes:
+        if op(n) in ("rms_norm", "_fused_rms_norm"):
+            count += 1
+        elif rms_site(n):
+            outs = [u for r in forward_layout(n) for u in r.users if op(u) == "mul"]
+            width = [shape(o)[-1] for o in outs if shape(o)]
+            affine = {u for o in outs for y in forward_layout(o) for u in y.users
+                      if op(u) == "mul" and width and any(
+                          isinstance(a, Node) and a is not y and through(a) in weights and _affine_operand(a, width[0])
+                          for a in u.args)}
+            count += max(1, len(affine))
+    return count
 
 
 def count_graph(graph, weights=frozenset()) -> dict:
     """Sites per family in one aten FX graph; ``weights``: its nodes computed from weights alone (see
     :func:`weight_values`)."""
     claimed: set = set()
-    counts = dict(rms_norm=rms_sites(graph), rope=rope_sites(graph, claimed))
+    counts = dict(rms_norm=rms_sites(graph, weights), rope=rope_sites(graph, claimed))
     counts.update(modulation_sites(graph, claimed, weights))
     counts["gelu"] = gelu_sites(graph, claimed)
     counts["mul_add"] = mul_add_sites(graph, claimed)
@@ -537,9 +552,12 @@ def weight_values(gm) -> set:
 
 
 def folded(gm) -> torch.fx.Graph:
-    """A copy of ``gm``'s graph as freezing leaves it: every value computed from the module's parameters and buffers
+    """A copy of ``gm``'s graph as freezing leaves it: common subexpressions merged, and every value computed from the
+    module's parameters and buffers
     (``gm.weight_inputs``, from :func:`capture`) and constants alone is one input, as if computed at compile time (BriaFibo2's
     RMSNorms of its learned latent queries are no sites on a route that freezes)."""
+    from torch.fx.passes.dialect.common.cse_pass import CSEPass
+
     const = weight_values(gm)
     graph, env = torch.fx.Graph(), {}
     for n in gm.graph.nodes:
@@ -548,15 +566,21 @@ def folded(gm) -> torch.fx.Graph:
             env[n].meta = dict(n.meta)
         elif n not in const:
             env[n] = graph.node_copy(n, lambda a: env[a])
-    return graph
+    # freezing also merges repeated computations (CSE): Cosmos3's k_und_for_gen, which is k_und when the model has
+    # no extra norm for it, gets the same RoPE as k_und, and the frozen graph computes that RoPE once
+    return CSEPass()(torch.fx.GraphModule(gm, graph)).graph_module.graph
 
 
 def count_sites(graphs, frozen: bool = False) -> dict:
     """Sites per family over ``graphs`` (from :func:`capture`); ``frozen``: in the graphs as freezing folds them."""
     total = dict.fromkeys(FAMILIES, 0)
     for gm in graphs:
-        weights = weight_values(gm)
-        for k, v in count_graph(folded(gm) if frozen else gm.graph, weights).items():
+        if frozen:
+            graph = folded(gm)
+            weights = {n for n in graph.nodes if n.op == "placeholder" and n.name.startswith("folded_")}
+        else:
+            graph, weights = gm.graph, weight_values(gm)
+        for k, v in count_graph(graph, weights).items():
             total[k] += v
     return total
 

@@ -187,3 +187,27 @@ def test_frozen_counts_leave_out_sites_of_weights_alone():
     graphs, _ = capture(M(), torch.randn(B, S, D))
     assert count_sites(graphs) == only(rms_norm=2)
     assert count_sites(graphs, frozen=True) == only(rms_norm=1)
+
+
+def test_frozen_counts_merge_repeated_computations_but_not_norms_with_their_own_weights():
+    """Freezing merges repeated computations: Cosmos3's k_und_for_gen *is* k_und when the model has no extra norm for
+    it, so its RoPE, the same computation, is one site in the frozen graph. Two RMSNorms of one input with their own
+    weights (LuminaNext's norm1_context per block) share the merged core but stay two norms."""
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.n1, self.n2 = torch.nn.RMSNorm(D, eps=1e-6), torch.nn.RMSNorm(D, eps=1e-6)
+            with torch.no_grad():
+                self.n1.weight.normal_()
+                self.n2.weight.normal_()
+
+        def forward(self, x, c, s):
+            def rot(t):
+                t1, t2 = t.chunk(2, dim=-1)
+                return t * c + torch.cat((-t2, t1), -1) * s
+            k = x.view(B, S, 2, D // 2)
+            return rot(k), rot(k), self.n1(x), self.n2(x)
+
+    graphs, _ = capture(M(), torch.randn(B, S, D), torch.randn(S, 1, D // 2), torch.randn(S, 1, D // 2))
+    assert count_sites(graphs) == only(rope=2, rms_norm=2)
+    assert count_sites(graphs, frozen=True) == only(rope=1, rms_norm=2)

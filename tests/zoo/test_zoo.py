@@ -8,7 +8,7 @@ no grad:
 - the fused count per family (``backend.stats.patterns``) equals the sites that the independent counter
   (tests/zoo/site_counter.py) finds in the graphs Dynamo hands over (on the default route, which freezes: in those
   graphs with every value computed from weights alone folded, as freezing computes it at compile time — BriaFibo2's
-  RMSNorms of its learned latent queries);
+  RMSNorms of its learned latent queries), less the sites ``KNOWN_UNFUSED`` lists with their reasons;
 - no graph-break regression: the backend's first call breaks the model into no more Dynamo graphs, and no more
   graph breaks, than the plain capture (a recording aot_autograd backend — graph breaks are Dynamo's, so this is
   what ``torch.compile(backend="inductor")`` gets too).
@@ -109,6 +109,15 @@ INDUCTOR_CANNOT_COMPILE = {
 }
 
 
+# Sites the counter finds that fusegraph leaves unfused on purpose, per model and family, with the reason; the test
+# holds the fused count to exactly sites - these (docs/DESIGN.md §5 "Not covered").
+KNOWN_UNFUSED = {
+    "WanAnimate2Transformer3DModel": ({"rope": 4}, "rope_apply's per-sample complex128 products: each float64 result "
+                                                   "is also a graph output (handed on across graph breaks), so a float32 "
+                                                   "rope would change a float64 value used later"),
+}
+
+
 @pytest.mark.parametrize("name,route", list(_cases()))
 def test_zoo(name, route):
     if route == "default" and name in INDUCTOR_CANNOT_COMPILE:
@@ -141,6 +150,8 @@ def test_zoo(name, route):
     if problems and route == "default":
         problems = inductor_deviation(model, (kw1, kw2), (eager1, eager2), (out1, out2), problems)
     fused = {k: backend.stats.patterns.get(k, 0) for k in FAMILIES}
+    known, _ = KNOWN_UNFUSED.get(name, ({}, ""))
+    sites = {k: v - known.get(k, 0) for k, v in sites.items()}
     if fused != sites:
         diff = {k: f"sites {sites[k]} fused {fused[k]}" for k in FAMILIES if sites[k] != fused[k]}
         problems.append(f"fused counts differ from the sites: {diff}")
