@@ -38,6 +38,7 @@ import torch
 import torch.fx
 
 from .fusion import passes
+from .fusion.patterns._prepare import depends_on
 
 _aten = torch.ops.aten
 _CONVERT = torch.ops.prims.convert_element_type.default
@@ -297,7 +298,7 @@ def _modulation(anchor) -> Optional[str]:
             while _is(a, *_VIEWS):
                 a = a.args[0]
             if _is(a, _aten.add.Tensor) and any(c == 1 for c in a.args if not isinstance(c, torch.fx.Node)) \
-                    and not _reads(a, anchor):
+                    and not depends_on(a, anchor):
                 users = list(n.users)
                 shifted = len(users) == 1 and _is(users[0], _aten.add.Tensor) and \
                     all(isinstance(c, torch.fx.Node) for c in users[0].args[:2])
@@ -533,20 +534,6 @@ _VIEWS = (_aten.unsqueeze.default, _aten.view.default, _aten.reshape.default, _a
 _NO_MODULATION = "no modulation (norm(x) * (1 + scale) + shift) follows this norm: nothing for adaln to fuse"
 
 
-def _reads(node, anchor, limit: int = 64) -> bool:
-    """``node`` is computed from ``anchor`` (upstream search over at most ``limit`` nodes)."""
-    seen, stack = set(), [node]
-    while stack and len(seen) < limit:
-        n = stack.pop()
-        if n is anchor:
-            return True
-        if n in seen:
-            continue
-        seen.add(n)
-        stack.extend(n.all_input_nodes)
-    return False
-
-
 def _adaln_hint(anchor, nearby) -> Optional[str]:
     """A LayerNorm with no ``* (1 + scale)`` after it (a plain or affine norm, a qk-norm) is no AdaLN site. The
     ``(1 + scale)`` must come from elsewhere than the norm itself: the ``1 + erf(...)`` of a GELU after the norm's
@@ -556,7 +543,7 @@ def _adaln_hint(anchor, nearby) -> Optional[str]:
             while _is(a, *_VIEWS):
                 a = a.args[0]
             if _is(a, _aten.add.Tensor) and any(c == 1 for c in a.args if not isinstance(c, torch.fx.Node)) \
-                    and not _reads(a, anchor):
+                    and not depends_on(a, anchor):
                 return None
     return _NO_MODULATION
 

@@ -226,6 +226,20 @@ def split_shared_rms_cores(graph: torch.fx.Graph) -> int:
     return copies
 
 
+def depends_on(node: torch.fx.Node, ancestor: torch.fx.Node, limit: int = 64) -> bool:
+    """``node`` is computed from ``ancestor`` (an upstream search over at most ``limit`` nodes)."""
+    seen, todo = set(), [node]
+    while todo and len(seen) < limit:
+        n = todo.pop()
+        if n is ancestor:
+            return True
+        if n in seen:
+            continue
+        seen.add(n)
+        todo.extend(n.all_input_nodes)
+    return False
+
+
 def prepare_before(pm, *steps) -> None:
     """Makes ``pm.apply(graph)`` run ``steps`` (each ``step(fx.Graph)``) first."""
     apply = pm.apply

@@ -112,7 +112,7 @@ import operator
 import torch
 from torch._inductor.pattern_matcher import Match, PatternMatcherPass, register_replacement
 
-from ._prepare import give_copies, prepare_before, split_shared_casts
+from ._prepare import depends_on, give_copies, prepare_before, split_shared_casts
 from ._trace import fwd_functional, fwd_functional_reshape
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -607,23 +607,9 @@ def _read_base(node):
     return node
 
 
-def _depends_on(node, ancestor, limit: int = 64) -> bool:
-    """``node`` is computed from ``ancestor`` (searched over at most ``limit`` nodes up the graph)."""
-    seen, todo = set(), [node]
-    while todo and len(seen) < limit:
-        n = todo.pop()
-        if n is ancestor:
-            return True
-        if n in seen:
-            continue
-        seen.add(n)
-        todo.extend(n.all_input_nodes)
-    return False
-
-
 def _x_of(table, other):
     """The x a table use combines ``table`` with (the tensor ``other`` reads), or None."""
-    if not isinstance(other, torch.fx.Node) or other is table or _depends_on(other, table):
+    if not isinstance(other, torch.fx.Node) or other is table or depends_on(other, table):
         return None
     return _read_base(other)
 
