@@ -33,6 +33,7 @@ from .stats import PATTERN_NAMES, Stats
 
 log = logging.getLogger("fusegraph")
 
+_WEIGHT_PREPACK = False
 _logged_reasons: set = set()
 _logged_lock = threading.Lock()
 
@@ -107,6 +108,7 @@ def _source_hash() -> str:
     folder = os.path.dirname(pkg.__file__)
     files = [os.path.join(folder, f) for f in sorted(os.listdir(folder)) if f.endswith(".py")]
     files.append(passes.__file__)
+    files.append(os.path.join(os.path.dirname(passes.__file__), "choice.py"))
     return get_hash_for_files(tuple(files)).hex()
 
 
@@ -125,10 +127,14 @@ class _FusionPass(_PassBase):
             self.job.note_fallback(reason)
             return
         self.job.fuse(graph)
+        if self.backend.config.fusion_choice == "auto":
+            self.job.choose(graph)
 
     def uuid(self):
         fp = self.backend.config.fusion_patterns
-        opts = tuple(sorted(fp.as_dict().items())) + (("verify", self.backend.config.verify),)
+        opts = tuple(sorted(fp.as_dict().items())) + (("verify", self.backend.config.verify),
+                                                      ("choice", self.backend.config.fusion_choice, _choice_key(),
+                                                       torch.get_num_threads()))
         return hashlib.sha256(repr((_source_hash(), opts)).encode()).hexdigest()
 
     def __deepcopy__(self, memo):  # Inductor may deep-copy its config; the pass is stateless as far as it is concerned
@@ -150,6 +156,7 @@ class _CompileJob:
         self.pass_ran = False  # Inductor ran the fusion pass (False on a cache hit)
         self.pass_fallbacks: list = []  # fallbacks noted by the pass (replayed on a cache hit)
         self.real_inputs: Optional[list] = None  # Dynamo's real example inputs (after freezing), for verify
+        self.lowered: Optional[dict] = None  # {family: sites lowered back to aten for Inductor} (Inductor route)
 
     def fuse(self, graph_or_gm) -> None:
         verify_inputs = None
@@ -166,6 +173,13 @@ class _CompileJob:
             for k, v in counts.items():
                 self.counts[k] += v
         self.record_ops(graph_or_gm)
+
+    def choose(self, graph) -> None:
+        """Inductor route: fused sites Inductor's own code is predicted to beat are lowered back (choice.py)."""
+        from .fusion import choice
+
+        self.lowered = choice.choose(graph, stats=self.backend.stats if self.count else None)
+        self.record_ops(graph)
 
     def record_ops(self, graph_or_gm) -> None:
         """What the backend hands on: op name -> count in the final graph (``Backend.last_graph_ops``)."""
@@ -297,13 +311,14 @@ class Backend:
         fusion_pass = _FusionPass(self, job)
         if self.config.verify:  # the post-grad graph's placeholders once Inductor froze the rest
             job.real_inputs = list(example_inputs)
-        patches = {"post_grad_custom_pre_pass": fusion_pass, "freezing": job.freeze}
+        patches = {"post_grad_custom_pre_pass": fusion_pass, "freezing": job.freeze, "cpp.weight_prepack": _WEIGHT_PREPACK}
         compiled = compile_fx(gm, example_inputs, config_patches=patches)
         # Inductor's caches skip the custom pass on a hit: the counts, the fallbacks the pass noted and its graph
         # logs then come from the compile that ran it, stored under a key of the graph and the pass options.
         key = _counts_key(gm, example_inputs, fusion_pass.uuid(), job.freeze)
         if job.pass_ran:
-            _store_record(key, {"counts": job.counts, "fallbacks": job.pass_fallbacks, "log": job.glog.entries})
+            _store_record(key, {"counts": job.counts, "fallbacks": job.pass_fallbacks, "log": job.glog.entries,
+                                "lowered": job.lowered})
         else:
             record = _load_record(key)
             if record is None:
@@ -313,6 +328,10 @@ class Backend:
                     job.counts = dict(record["counts"])
                     if job.count:
                         self.stats.add_patterns(job.counts)
+                if record.get("lowered") is not None:
+                    job.lowered = dict(record["lowered"])
+                    if job.count:
+                        self.stats.add_lowered(job.lowered)
                 for reason in record["fallbacks"]:
                     job.note_fallback(reason)
                 job.glog.write_cached(record["log"], gm.code)
@@ -388,8 +407,18 @@ class Backend:
         counts = job.counts or {}
         unknown = job.counts is None and job.fusing
         fused = " ".join(f"{name}×{'?' if unknown else counts.get(name, 0)}" for name in PATTERN_NAMES)
+        lowered = sum((job.lowered or {}).values())
+        to_inductor = f"; {lowered} of them left to Inductor's code (faster there)" if lowered else ""
         return (f"fusegraph: fused {fused}; captured {captured} graph{'' if captured == 1 else 's'} "
-                f"({capture_seconds:.2f} s, {self.stats.graph_memory_bytes / 2**20:.1f} MiB)")
+                f"({capture_seconds:.2f} s, {self.stats.graph_memory_bytes / 2**20:.1f} MiB){to_inductor}")
+
+
+def _choice_key() -> str:
+    """The cost model the per-site choice reads (Inductor's cache key must change when it does)."""
+    from .fusion import choice
+
+    model = choice.cost_model()
+    return hashlib.sha256(repr((model.source, sorted(model.tables.items(), key=str))).encode()).hexdigest()[:16]
 
 
 def _counts_key(gm, example_inputs, pass_uuid, freezing) -> str:
@@ -437,7 +466,9 @@ def _load_record(key: str) -> Optional[dict]:
         with open(_counts_path(key)) as f:
             data = json.load(f)
         counts = data["counts"]
+        lowered = data.get("lowered")
         return {"counts": None if counts is None else {k: int(v) for k, v in counts.items()},
+                "lowered": None if lowered is None else {k: int(v) for k, v in lowered.items()},
                 "fallbacks": [str(r) for r in data["fallbacks"]], "log": [[str(a), str(b)] for a, b in data["log"]]}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None

@@ -12,6 +12,9 @@ class Stats:
     """Counters for one backend or runner. Names are part of the API; add fields, never rename."""
 
     patterns: dict = field(default_factory=lambda: {name: 0 for name in PATTERN_NAMES})
+    # Of the sites in ``patterns``, those the Inductor route lowered back to aten ops because Inductor's own code is
+    # predicted faster there (fusegraph.fusion.choice; fused ops in the compiled code = patterns - lowered).
+    lowered: dict = field(default_factory=lambda: {name: 0 for name in PATTERN_NAMES})
     graphs_compiled: int = 0
     graphs_captured: int = 0
     replays: int = 0
@@ -42,6 +45,11 @@ class Stats:
         with self._lock:
             for name, n in counts.items():
                 self.patterns[name] = self.patterns.get(name, 0) + n
+
+    def add_lowered(self, counts: dict) -> None:
+        with self._lock:
+            for name, n in counts.items():
+                self.lowered[name] = self.lowered.get(name, 0) + n
 
     def as_dict(self) -> dict:
         return {k: (dict(v) if isinstance(v, dict) else v) for k, v in self.__dict__.items() if not k.startswith("_")}

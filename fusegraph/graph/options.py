@@ -26,6 +26,9 @@ class GraphOptions:
     graph_fallback: str
     device_graph: str
     safe_output_mode: bool
+    fusion_patterns: object  # FusionPatterns: the families GraphRunner fuses before it captures
+    graph_only: bool         # True: capture the function as traced, unfused
+    verify: bool             # check each fused family against the unfused graph on the capture's inputs
 
     @classmethod
     def from_config(cls, config=None) -> "GraphOptions":
@@ -37,3 +40,9 @@ class GraphOptions:
             names = set(CompilationConfig._fields) | set(CompilationConfig._aliases)
             config = CompilationConfig(**{n: getattr(config, n) for n in names if hasattr(config, n)})
         return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
+
+    @property
+    def fuses(self) -> bool:
+        """GraphRunner runs the fusion passes on its trace before capturing (off with graph_only or when every
+        family is switched off)."""
+        return not self.graph_only and bool(self.fusion_patterns.enabled_families())

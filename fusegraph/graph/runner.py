@@ -317,7 +317,12 @@ class GraphRunner:
             # real tensors only: a compile-time capture runs inside aot_autograd, whose FakeTensorMode would
             # turn the graph's own factory ops (a graph of constants, like Mochi's position tables) into fakes
             with capture_lock(), fx_tracing_window("capture"), unset_fake_temporarily():
-                cap = driver.capture(flat_fn, tensors, o, graph=self._aten_graph if in_spec is None else None)
+                graph = self._aten_graph if in_spec is None else None
+                if graph is None and o.fuses:
+                    graph = self._fuse(flat_fn, tensors, o)
+                    if graph is not None and driver.name != "host":  # device graphs capture the fused graph's run
+                        flat_fn = _list_outputs(graph)
+                cap = driver.capture(flat_fn, tensors, o, graph=graph)
         except Exception as e:  # a host sync, an uncapturable op, out of memory...
             if o.graph_fallback == "raise" and not isinstance(e, _Uncapturable):
                 raise
@@ -360,6 +365,26 @@ class GraphRunner:
                     _log.warning("fusegraph: %s has captured a graph for each of %d values of non-tensor argument "
                                  "%d (%s); every new value captures another graph. Pass it as a tensor (e.g. "
                                  "torch.tensor(t)) to replay one graph", self.name, len(seen), i, type(x).__name__)
+
+    def _fuse(self, flat_fn, tensors, o):
+        """The fused aten graph of this call (fusion before capture, the backend's passes), or None: nothing to
+        fuse, or the trace/fusion failed (then the plain function is captured; the reason is counted)."""
+        from .host import trace_fused
+
+        try:
+            work = static_buffers(tensors, lazy=False)  # a function that mutates its inputs mutates copies here
+        except RuntimeError:
+            work = list(tensors)
+        try:
+            graph, _ = trace_fused(flat_fn, work, o.fusion_patterns, stats=self.stats, verify=o.verify)
+        except _Uncapturable:
+            raise
+        except Exception as e:  # fusion is an optimisation: capture the function as it is
+            first = (str(e).strip().splitlines() or [""])[0][:160]
+            self.stats.add_fallback(f"fusion before capture skipped ({type(e).__name__}: {first})")
+            _log.warning("fusegraph: %s: fusion before capture skipped: %s: %s", self.name, type(e).__name__, first)
+            return None
+        return graph
 
     def _fail(self, leaves, reason) -> bool:
         self._cache.record_failure(leaves, reason)
@@ -423,6 +448,15 @@ class GraphRunner:
             with self.stats._lock:
                 self.stats.graph_memory_bytes -= self._memory
             self._memory = 0
+
+
+def _list_outputs(gm):
+    """A traced graph as the flat function a device-graph driver captures (a list of outputs)."""
+
+    def run(*tensors):
+        return list(gm(*tensors))
+
+    return run
 
 
 def _overrides_torch_function(cls) -> bool:

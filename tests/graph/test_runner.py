@@ -10,6 +10,8 @@ import torch.nn.functional as F
 
 from fusegraph.graph import GraphRunner, compile_graph_route
 
+pytestmark = pytest.mark.usefixtures("unfused_runner")
+
 
 def cfg(**kw):
     return types.SimpleNamespace(**kw)

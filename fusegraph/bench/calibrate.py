@@ -1,0 +1,52 @@
+"""``python -m fusegraph bench calibrate [--threads N] [--dtypes fp32,bf16,fp16] [--out PATH]``
+
+Measures the table the Inductor route's per-site choice reads (fusegraph.fusion.choice): for each pattern family,
+dtype and size (1 Ki to 4 Mi elements), the fused op's time (called as Inductor's wrapper calls it) and the time of
+the code Inductor generates for the same site (its lowering compiled with compile_fx, minus the per-call cost of a
+compiled graph), in interleaved rounds. Writes it to the calibration file (Inductor's cache directory, per device
+and thread count; ``--out`` to write elsewhere), which then takes precedence over the table shipped with the
+package (fusegraph/fusion/cost_cpu.json, measured with this command on the development machine).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from .timing import machine_summary
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def main(argv=None) -> int:
+    from fusegraph.fusion import choice
+    from fusegraph.stats import PATTERN_NAMES
+
+    p = argparse.ArgumentParser(prog="python -m fusegraph bench calibrate", description=__doc__.split("\n\n")[1])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for the measurement (the table is "
+                   "kept per thread count; compiles use the nearest measured one)")
+    p.add_argument("--dtypes", default="fp32,bf16,fp16")
+    p.add_argument("--families", default=",".join(PATTERN_NAMES))
+    p.add_argument("--out", default=None, help="the calibration file to write (default: the cache directory's)")
+    args = p.parse_args(argv)
+    try:
+        dtypes = tuple(DTYPES[d] for d in args.dtypes.split(","))
+    except KeyError as e:
+        p.error(f"--dtypes: unknown dtype {e.args[0]!r}; expected a comma-separated subset of {list(DTYPES)}")
+    families = tuple(args.families.split(","))
+    unknown = [f for f in families if f not in PATTERN_NAMES]
+    if unknown:
+        p.error(f"--families: unknown {unknown}; expected a comma-separated subset of {list(PATTERN_NAMES)}")
+    torch.set_num_threads(args.threads)
+    print(f"fusegraph bench calibrate: {machine_summary(args.device)}")
+    result = choice.calibrate(args.device, dtypes, args.threads, families=families,
+                              progress=lambda line: print(" ", line, flush=True))
+    path = choice.save_calibration(result, args.out)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

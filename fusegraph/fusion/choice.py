@@ -1,0 +1,480 @@
+"""Per-site choice on the Inductor route: a fused op stays where it beats the code Inductor generates for the same
+site; where Inductor's code is faster the fused op is lowered back to aten ops (``lower``) and Inductor generates
+its own loop for it, fused with its neighbours.
+
+Why after fusion and not instead of it: the passes match every site as before (``stats.patterns``, the explain
+report and the site counts stay the whole truth about the model), and the choice is one step over the fused graph,
+per node, with the shapes and dtypes Inductor will compile for (``node.meta["val"]``).
+
+The decision is a cost model fitted to measurements (``CostModel``): for each family, device, dtype and thread
+count, the ratio (Inductor's time for the site) / (the fused op's time, called from Inductor's wrapper) measured at
+sizes from 1 Ki to 4 Mi elements, interpolated in log size. A site is fused when the ratio at its size is at
+least ``1 + MARGIN`` (the margin pays for what an isolated measurement cannot see: the fused op materialises its
+inputs and its output, where Inductor would have fused the site with its neighbours). The measurements come from
+``python -m fusegraph bench calibrate`` (``calibrate`` here), which writes them to the cache directory; a table
+measured on the development machine ships with the package (``cost_cpu.json``) and is used until the user
+calibrates their own. A device without a table (CUDA/NPU until calibrated there) keeps every fused op, the
+behaviour before this choice existed.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import statistics
+import threading
+import time
+from typing import Optional
+
+import torch
+import torch.fx
+
+log = logging.getLogger("fusegraph")
+
+MARGIN = 0.05
+TABLE_VERSION = 1
+_SHIPPED = os.path.join(os.path.dirname(__file__), "cost_cpu.json")
+
+_FG = None
+
+
+def _ops():
+    global _FG
+    if _FG is None:
+        import fusegraph.ops  # noqa: F401  (registers the ops)
+
+        fg = torch.ops.fusegraph
+        _FG = {fg.rms_norm.default: "rms_norm", fg.adaln.default: "adaln", fg.rope.default: "rope",
+               fg.gelu_tanh.default: "gelu", fg.fast_gelu.default: "gelu", fg.mul_add.default: "mul_add",
+               fg.mul_add.Scalar: "mul_add"}
+    return _FG
+
+
+def family_of(node: torch.fx.Node) -> Optional[str]:
+    """The pattern family (stats name) a fused node belongs to, or None for any other node."""
+    if node.op != "call_function":
+        return None
+    family = _ops().get(node.target)
+    if family != "adaln":
+        return family
+    shift = node.args[2] if len(node.args) > 2 else node.kwargs.get("shift")
+    if shift is None:
+        return "adaln_noshift"
+    return "adaln_rms" if node.kwargs.get("norm", "layer") == "rms" else "adaln"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Lowering: each fused op as plain torch ops with the op's exact semantics (math in float32, float64 when an
+# argument is float64; rounded once to the op's output dtype, which the node's "val" carries).
+
+
+def _compute_dtype(*items) -> torch.dtype:
+    for t in items:
+        dtype = t.dtype if isinstance(t, torch.Tensor) else t
+        if isinstance(dtype, torch.dtype) and dtype == torch.float64:
+            return torch.float64
+    return torch.float32
+
+
+def _rms(x, eps, cd):
+    xf = x.to(cd)
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def _rms_norm(out_dtype, x, weight=None, eps=1e-6, bias=None, *, style="torch"):
+    cd = _compute_dtype(x, weight, bias)
+    n = _rms(x, eps, cd)
+    if style == "diffusers" and weight is not None and weight.dtype in (torch.float16, torch.bfloat16):
+        y = n.to(weight.dtype) * weight  # diffusers: cast to the weight's dtype, then a half-precision product
+        return (y + bias if bias is not None else y).to(out_dtype)
+    if weight is not None:
+        n = n * weight.to(cd)
+    if bias is not None:
+        n = n + bias.to(cd)
+    return n.to(out_dtype)
+
+
+def _adaln(out_dtype, x, scale, shift, eps=1e-6, weight=None, bias=None, *, out_dtype_arg=None, norm="layer"):
+    cd = _compute_dtype(x, scale, shift, weight, bias, out_dtype)
+    if norm == "rms":
+        n = _rms(x, eps, cd)
+    else:
+        xf = x.to(cd)
+        mean = xf.mean(-1, keepdim=True)
+        centred = xf - mean
+        n = centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        n = n * weight.to(cd)
+    if bias is not None:
+        n = n + bias.to(cd)
+    y = n * (scale.to(cd) + 1)
+    if shift is not None:
+        y = y + shift.to(cd)
+    return y.to(out_dtype)
+
+
+def _rot(x, interleaved: bool):
+    if interleaved:
+        pairs = x.unflatten(-1, (-1, 2))
+        return torch.stack([-pairs[..., 1], pairs[..., 0]], dim=-1).flatten(-2)
+    h = x.shape[-1] // 2
+    return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+
+
+def _rope(out_dtype, x, cos, sin, *, interleaved=True, rotary_dim=None):
+    cd = _compute_dtype(x, cos, sin)
+    r = x.shape[-1] if rotary_dim is None else rotary_dim
+    part = x[..., :r].to(cd)
+    y = part * cos.to(cd) + _rot(part, bool(interleaved)) * sin.to(cd)
+    if r != x.shape[-1]:
+        y = torch.cat([y, x[..., r:].to(cd)], dim=-1)
+    return y.to(out_dtype)
+
+
+def _gelu_tanh(out_dtype, x):
+    return torch.nn.functional.gelu(x.to(_compute_dtype(x)), approximate="tanh").to(out_dtype)
+
+
+def _fast_gelu(out_dtype, x):
+    xf = x.to(_compute_dtype(x))
+    return (xf * torch.sigmoid(1.702 * xf)).to(out_dtype)
+
+
+def _mul_add(out_dtype, a, b, c, *, out_dtype_arg=None):
+    cd = _compute_dtype(a, b, c, out_dtype)
+    bb = b.to(cd) if isinstance(b, torch.Tensor) else b
+    return (a.to(cd) * bb + c.to(cd)).to(out_dtype)
+
+
+def _lowering(node):
+    fg = torch.ops.fusegraph
+    kw = dict(node.kwargs)
+    if "out_dtype" in kw:  # the op's own keyword; the output dtype comes from the node's val
+        kw["out_dtype_arg"] = kw.pop("out_dtype")
+    fn = {fg.rms_norm.default: _rms_norm, fg.adaln.default: _adaln, fg.rope.default: _rope,
+          fg.gelu_tanh.default: _gelu_tanh, fg.fast_gelu.default: _fast_gelu, fg.mul_add.default: _mul_add,
+          fg.mul_add.Scalar: _mul_add}[node.target]
+    return fn, kw
+
+
+def lowered_call(target, *args, **kwargs):
+    """``target(*args, **kwargs)`` (a fused op overload) computed by its lowering; what ``lower`` inserts. For
+    tests: it must equal the op."""
+    node = torch.fx.Graph().create_node("call_function", target, (), kwargs)
+    fn, kw = _lowering(node)
+    out = target(*args, **kwargs)  # the output dtype, as the op defines it
+    return fn(out.dtype, *args, **kw)
+
+
+def lower(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
+    """Replaces the fused ``node`` by its lowering to aten ops (traced under the graph's fake mode with
+    Inductor's decompositions, so every new node has its "val")."""
+    from torch._guards import detect_fake_mode
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    fn, kw = _lowering(node)
+    out_val = node.meta["val"]
+    tensor_nodes = []
+
+    def spec(a):
+        if isinstance(a, torch.fx.Node):
+            tensor_nodes.append(a)
+            return ("tensor", len(tensor_nodes) - 1)
+        return ("const", a)
+
+    specs = [spec(a) for a in node.args]
+    vals = [n.meta["val"] for n in tensor_nodes]
+    fake_mode = detect_fake_mode(vals + [out_val])
+
+    def body(*tensors):
+        args = [tensors[s[1]] if s[0] == "tensor" else s[1] for s in specs]
+        return fn(out_val.dtype, *args, **kw)
+
+    with fake_mode:
+        sub = make_fx(body, decomposition_table=select_decomp_table(), tracing_mode="real")(*vals)
+    env = {}
+    result = None
+    placeholders = iter(tensor_nodes)
+    with graph.inserting_before(node):
+        for n in sub.graph.nodes:
+            if n.op == "placeholder":
+                env[n] = next(placeholders)
+            elif n.op == "output":
+                result = env[n.args[0]]
+            elif n.op == "get_attr":
+                raise RuntimeError(f"lowering of {node.target} made a constant tensor")
+            else:
+                new = graph.node_copy(n, lambda a: env[a])
+                new.meta.setdefault("stack_trace", node.meta.get("stack_trace"))
+                env[n] = new
+    node.replace_all_uses_with(result)
+    graph.erase_node(node)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The cost model
+
+
+def _device_key(device: torch.device) -> str:
+    return device.type
+
+
+class CostModel:
+    """Measured ratios t(Inductor's code) / t(fused op) by (device, threads, family, dtype), over log2(numel)."""
+
+    def __init__(self, tables: dict, source: str):
+        self.tables = tables  # {"cpu": {"1": {family: {dtype: [[log2 numel, ratio], ...]}}}}
+        self.source = source
+
+    @classmethod
+    def load(cls) -> "CostModel":
+        """The user's calibration (cache dir) when present, else the shipped table."""
+        for path in (calibration_path(), _SHIPPED):
+            try:
+                with open(path) as f:
+                    data = json.load(f)
+                if data.get("version") == TABLE_VERSION:
+                    return cls(data["tables"], path)
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        return cls({}, "none")
+
+    def ratio(self, family: str, device: torch.device, dtype: torch.dtype, numel: int,
+              threads: Optional[int] = None) -> Optional[float]:
+        """Predicted t(Inductor) / t(fused) for one site; None when nothing was measured for this device."""
+        per_device = self.tables.get(_device_key(device))
+        if not per_device:
+            return None
+        threads = torch.get_num_threads() if threads is None else threads
+        key = min(per_device, key=lambda k: (abs(int(k) - threads), int(k)))  # nearest measured thread count
+        points = per_device[key].get(family, {}).get(str(dtype).replace("torch.", ""))
+        if not points:
+            return None
+        x = math.log2(max(numel, 1))
+        if x <= points[0][0]:
+            return points[0][1]
+        for (x0, r0), (x1, r1) in zip(points, points[1:]):
+            if x <= x1:
+                return r0 + (r1 - r0) * (x - x0) / (x1 - x0)
+        return points[-1][1]
+
+
+_model: Optional[CostModel] = None
+_model_lock = threading.Lock()
+
+
+def cost_model(reload: bool = False) -> CostModel:
+    global _model
+    with _model_lock:
+        if _model is None or reload:
+            _model = CostModel.load()
+        return _model
+
+
+def calibration_path() -> str:
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return os.path.join(cache_dir(), "fusegraph_cost", f"cost_v{TABLE_VERSION}.json")
+
+
+def _site_size(node) -> tuple:
+    """(dtype, numel) a site is judged by: its output's."""
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return None, None
+    try:
+        numel = int(val.numel())
+    except Exception:  # a symbolic size: judged by its hint when it has one
+        numel = None
+    return val.dtype, numel
+
+
+def choose(graph: torch.fx.Graph, config=None, *, stats=None, decisions: Optional[list] = None) -> dict:
+    """Lowers every fused node that Inductor's own code is predicted to beat; returns {family: sites lowered}
+    and appends (family, node name, dtype, numel, ratio, fused?) to ``decisions`` when given."""
+    from ..stats import PATTERN_NAMES
+
+    model = cost_model()
+    lowered = {name: 0 for name in PATTERN_NAMES}
+    for node in list(graph.nodes):
+        family = family_of(node)
+        if family is None:
+            continue
+        dtype, numel = _site_size(node)
+        val = node.meta.get("val")
+        ratio = None
+        if dtype is not None and numel is not None:
+            ratio = model.ratio(family, val.device, dtype, numel)
+        keep = ratio is None or ratio >= 1 + MARGIN
+        if decisions is not None:
+            decisions.append((family, node.name, dtype, numel, ratio, keep))
+        if keep:
+            continue
+        try:
+            lower(graph, node)
+        except Exception as e:  # keep the fused op: it is correct, only maybe slower
+            log.warning("fusegraph: could not lower %s (%s: %s); keeping the fused op", node.name, type(e).__name__, e)
+            continue
+        lowered[family] += 1
+    if any(lowered.values()):
+        graph.eliminate_dead_code()
+        graph.lint()
+    if stats is not None:
+        stats.add_lowered(lowered)
+    return lowered
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Calibration: ``python -m fusegraph bench calibrate``
+
+# One representative site per family at a given number of elements: (builder of the op's args, kwargs).
+_ROW = 128  # the row length (hidden size / head dim scale of the zoo and the small benchmark models)
+
+
+def _site_args(family: str, numel: int, dtype, device):
+    rows = max(numel // _ROW, 1)
+    g = torch.Generator(device="cpu").manual_seed(0)
+
+    def rnd(*shape, dt=dtype):
+        return torch.randn(*shape, generator=g, dtype=torch.float32).to(dt).to(device)
+
+    fg = torch.ops.fusegraph
+    if family == "rms_norm":
+        return fg.rms_norm.default, (rnd(rows, _ROW), rnd(_ROW), 1e-6), {}
+    if family in ("adaln", "adaln_rms", "adaln_noshift"):
+        x = rnd(1, rows, _ROW)
+        scale, shift = rnd(1, 1, _ROW), rnd(1, 1, _ROW)
+        norm = "rms" if family == "adaln_rms" else "layer"
+        return fg.adaln.default, (x, scale, None if family == "adaln_noshift" else shift, 1e-6), {"norm": norm}
+    if family == "rope":
+        heads = max(rows // 64, 1)
+        seq = max(numel // (heads * 32), 1)
+        x = rnd(1, seq, heads, 32)
+        return fg.rope.default, (x, rnd(1, seq, 1, 32, dt=torch.float32), rnd(1, seq, 1, 32, dt=torch.float32)), \
+            {"interleaved": True}
+    if family == "gelu":
+        return fg.gelu_tanh.default, (rnd(rows, _ROW),), {}
+    if family == "mul_add":
+        return fg.mul_add.default, (rnd(1, rows, _ROW), rnd(1, 1, _ROW), rnd(1, rows, _ROW)), {}
+    raise ValueError(f"unknown family {family!r}")
+
+
+def _paired_medians(fns, min_time: float = 0.06, rounds: int = 9) -> list:
+    """Median seconds per call of each of ``fns``, measured in interleaved rounds (the same machine load for
+    each: on a shared machine a burst of load then hits both sides of a ratio alike)."""
+    counts = []
+    for fn in fns:
+        fn()
+        n = 1
+        while True:  # calls per round so that a round takes about min_time / rounds
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            if (time.perf_counter() - t0) * rounds >= min_time or n >= 1 << 16:
+                break
+            n *= 2
+        counts.append(n)
+    times = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, n, out in zip(fns, counts, times):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            out.append((time.perf_counter() - t0) / n)
+    return [statistics.median(t) for t in times]
+
+
+def _inductor_fn(target, args, kwargs):
+    """Inductor's compiled code for the lowering of one fused call (what it generates for the site)."""
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    where = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    out_dtype = target(*args, **kwargs).dtype
+    node = torch.fx.Graph().create_node("call_function", target, (), kwargs)
+    fn, kw = _lowering(node)
+
+    def body(*ts):
+        full = list(args)
+        for i, t in zip(where, ts):
+            full[i] = t
+        return (fn(out_dtype, *full, **kw),)
+
+    with torch.no_grad():
+        gm = make_fx(body, decomposition_table=select_decomp_table(), tracing_mode="fake")(*tensors)
+        compiled = compile_fx_inner(gm, tensors)
+    return lambda: compiled(list(tensors))
+
+
+def _overhead_seconds(device) -> float:
+    """The per-call cost of a compiled graph's wrapper around one tiny kernel: subtracted from Inductor's
+    measurements (in a model the site's code runs inside the model's kernels, without a call of its own)."""
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x = torch.randn(8, device=device)
+    with torch.no_grad():
+        gm = make_fx(lambda t: (t + 1,), tracing_mode="fake")(x)
+        compiled = compile_fx_inner(gm, [x])
+    return _paired_medians([lambda: compiled([x])])[0]
+
+
+def calibrate(device="cpu", dtypes=(torch.float32, torch.bfloat16, torch.float16), threads=None,
+              sizes=tuple(2 ** k for k in range(10, 23, 3)), families=None, progress=None) -> dict:
+    """Measures the table the cost model reads, for this device and thread count; returns it (merged into the
+    existing calibration file by ``save_calibration``)."""
+    from ..stats import PATTERN_NAMES
+
+    device = torch.device(device)
+    threads = torch.get_num_threads() if threads is None else threads
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        overhead = _overhead_seconds(device)
+        table = {}
+        for family in families or PATTERN_NAMES:
+            for dtype in dtypes:
+                points = []
+                for numel in sizes:
+                    target, args, kwargs = _site_args(family, numel, dtype, device)
+                    with torch.no_grad():
+                        fused, ind = _paired_medians([lambda: target(*args, **kwargs),
+                                                      _inductor_fn(target, args, kwargs)])
+                    ind = max(ind - overhead, 1e-9)
+                    points.append([round(math.log2(numel), 3), round(ind / fused, 4)])
+                    if progress is not None:
+                        progress(f"{family:14s} {str(dtype):15s} numel 2^{int(math.log2(numel)):<3d} "
+                                 f"fused {fused * 1e6:9.2f} us  inductor {ind * 1e6:9.2f} us  ratio {ind / fused:.2f}")
+                table.setdefault(family, {})[str(dtype).replace("torch.", "")] = points
+    finally:
+        torch.set_num_threads(old)
+    return {_device_key(device): {str(threads): table}, "_overhead_us": {str(threads): overhead * 1e6}}
+
+
+def save_calibration(result: dict, path: Optional[str] = None) -> str:
+    """Merges a ``calibrate`` result into the calibration file (per device and thread count) and returns its path."""
+    path = path or calibration_path()
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        if data.get("version") != TABLE_VERSION:
+            raise ValueError
+    except (OSError, ValueError):
+        data = {"version": TABLE_VERSION, "tables": {}, "meta": {}}
+    for dev, per_threads in result.items():
+        if dev.startswith("_"):
+            continue
+        data["tables"].setdefault(dev, {}).update(per_threads)
+    data["meta"] = {"torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
+                    "overhead_us": result.get("_overhead_us")}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, path)
+    cost_model(reload=True)
+    return path
