@@ -10,11 +10,12 @@ norm, a sum over the batch, a softmax over dim 0, or attention across the batch)
 
 - B equal to a bucket: runs as it is (no copy, no slicing).
 - B below the largest bucket: every batched input is padded up to the smallest bucket >= B by repeating its
-  last real row (``torch.cat``: one new tensor per batched input per call; padded rows are real data, so they
-  stay finite: no NaN/inf from zero rows); that bucket's graph is captured once and replayed; every tensor
-  output whose dim 0 is the bucket is sliced back to ``[:B]`` (a view of the output the runner returns: a
-  fresh clone under ``safe_output_mode``, otherwise the graph's own output buffer, overwritten by the next
-  replay of that bucket, as for any output). Counted in ``stats.bucket_padded_calls``.
+  last real row (one ``index_select`` with a cached row index: one new tensor per batched input per call;
+  padded rows are real data, so they stay finite: no NaN/inf from zero rows); that bucket's graph is captured
+  once and replayed; every tensor output whose dim 0 is the bucket is sliced back to ``[:B]`` (a view of the
+  output the runner returns: a fresh clone under ``safe_output_mode``, otherwise the graph's own output
+  buffer, overwritten by the next replay of that bucket, as for any output). Counted in
+  ``stats.bucket_padded_calls``.
 - B above the largest bucket: ``fn`` runs uncaptured (``stats.bucket_overflows`` and ``stats.eager_calls``;
   logged once per runner). B = 0 (no row to repeat) runs uncaptured too, counted in ``stats.fallbacks``.
 
@@ -166,6 +167,17 @@ class BatchBuckets:
         self.spec = batch_args if isinstance(batch_args, GraphBatchSpec) else None
         self.batch_args = None if batch_args is None or self.spec is not None else _check_batch_args(batch_args)
         self._overflow_logged = False
+        self._row_index: dict = {}
+
+    def _rows(self, b: int, bucket: int, device):
+        """The row index [0, 1, ..., b-1, b-1, ...] of length bucket (one index_select pads: half a torch.cat's
+        host time), cached per (b, device): at most largest-bucket entries per device."""
+        key = (b, device)
+        rows = self._row_index.get(key)
+        if rows is None:
+            rows = [min(i, b - 1) for i in range(bucket)]
+            rows = self._row_index[key] = torch.tensor(rows, dtype=torch.long, device=device)
+        return rows
 
     def bucket_for(self, b: int):
         i = bisect.bisect_left(self.buckets, b)
@@ -203,11 +215,9 @@ class BatchBuckets:
     # ---- padding and slicing ----
     def pad(self, args, kwargs, b: int, bucket: int):
         """The call's arguments with every batched input padded from b to bucket rows (last row repeated)."""
-        extra = bucket - b
-
         def pad(x):
             if isinstance(x, torch.Tensor) and x.ndim >= 1 and x.shape[0] == b:
-                return torch.cat((x, x[-1:].expand(extra, *x.shape[1:])))
+                return torch.index_select(x, 0, self._rows(b, bucket, x.device))
             return x
 
         if self.spec is not None:
@@ -254,6 +264,8 @@ class BatchBuckets:
                 if j < len(outs):
                     outs[j] = self._slice_auto(outs[j], b, bucket)
             return type(out)(outs) if isinstance(out, tuple) else outs
+        if isinstance(out, torch.Tensor):  # the common case, without pytree
+            return self._slice_auto(out, b, bucket)
         return pytree.tree_map(lambda v: self._slice_auto(v, b, bucket), out, is_leaf=_is_size)
 
     @staticmethod

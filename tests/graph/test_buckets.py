@@ -246,3 +246,12 @@ def test_backend_graph_route_buckets(dynamic):
     assert s.graphs_compiled == 2 and s.patterns["rms_norm"] == 2
     assert (s.graphs_captured, s.replays, s.bucket_padded_calls, s.bucket_overflows) == (4, 9, 5, 1)
     assert not s.fallbacks
+
+
+def test_bench_buckets_smoke(capsys):
+    from fusegraph.__main__ import main as cli
+
+    assert cli(["bench", "buckets", "--rounds", "1", "--dim", "16", "--seq", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "buckets           4" in out and "per-size          8" in out
+    assert "buckets: replays 16, padded calls 8, overflows 0" in out  # the first sweep and one round
