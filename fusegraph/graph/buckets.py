@@ -41,6 +41,12 @@ Which inputs are batched (B is their dim 0):
   such as 2*s0: a flattened batch) is not bucketed (reason counted in ``stats.fallbacks``); a static graph
   (Dynamo specialises B = 1, and the first batch size it sees) is captured as it is.
 
+Dynamo's guards on the batch size are checked on the real B; the graph then replays at the bucket, possibly
+outside the range a guard gave it (a branch on B < 4: the graph for B in [2, 3] replays at bucket 4). The rows
+are still those of the side Dynamo chose, as the graph's ops depend on B only through the shapes; a bucket
+reached from two such graphs is captured once per graph. A graph whose runtime asserts fail at the bucket size
+fails its capture and runs that bucket uncaptured (``graph_fallback``).
+
 Functions that mutate a batched input in place must not use buckets: a padded call mutates the padded copy.
 """
 from __future__ import annotations

@@ -3,6 +3,7 @@
     runner = fusegraph.graph.GraphRunner(fn, config=None)   # config: any object with SPEC §1.1's graph_* names
     out = runner(*args, **kwargs)                           # same results as fn(*args, **kwargs)
     runner.stats                                            # fusegraph.stats.Stats
+    GraphRunner(fn, {"graph_batch_buckets": (1, 2, 4, 8)})  # one graph per bucket, not per batch (buckets.py)
 
 Data flow of a call: the arguments are flattened (pytree); the C++ cache (csrc/graph/cache.h) keys them on
 each tensor's shape, dtype and device, each immutable value's exact value, each module/function's identity,

@@ -255,3 +255,23 @@ def test_bench_buckets_smoke(capsys):
     out = capsys.readouterr().out
     assert "buckets           4" in out and "per-size          8" in out
     assert "buckets: replays 16, padded calls 8, overflows 0" in out  # the first sweep and one round
+
+
+def test_backend_route_batch_size_branch_stays_correct():
+    """A branch on the batch size makes Dynamo compile a graph per side (B = 1; 2..3 under the guard B < 4; 4..).
+    The guard is checked on the real B; the side's graph then replays at the bucket (B = 3 at 4), which computes
+    the rows exactly as the side Dynamo chose. Bucket 4 is captured once per side: 5 captures."""
+    class Branch(nn.Module):
+        def forward(self, x):
+            return x * 2 if x.shape[0] < 4 else x * 3
+
+    torch._dynamo.reset()
+    m = Branch()
+    backend = fusegraph.Backend({"graph_only": True, "graph_batch_buckets": BUCKETS})
+    compiled = torch.compile(m, backend=backend)
+    with torch.no_grad():
+        for b in range(1, 9):
+            x = torch.randn(b, 3)
+            assert torch.equal(compiled(x), m(x))
+    s = backend.stats
+    assert (s.graphs_compiled, s.graphs_captured, s.replays, s.bucket_padded_calls) == (3, 5, 8, 4)
