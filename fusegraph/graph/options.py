@@ -26,7 +26,7 @@ class GraphOptions:
     graph_fallback: str
     device_graph: str
     safe_output_mode: bool
-    graph_batch_buckets: tuple
+    graph_batch_buckets: tuple = ()  # last, with a default: GraphOptions(...) built without it stays valid
 
     @classmethod
     def from_config(cls, config=None) -> "GraphOptions":
