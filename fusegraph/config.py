@@ -63,6 +63,23 @@ def _choice(*choices):
     return check
 
 
+def _buckets(name, v):
+    if isinstance(v, list):
+        v = tuple(v)
+    if not isinstance(v, tuple):
+        raise TypeError(f"{name} must be a tuple of strictly increasing positive ints (e.g. (1, 2, 4, 8)), or () "
+                        f"for off; got {v!r} ({type(v).__name__})")
+    for b in v:
+        if isinstance(b, bool) or not isinstance(b, int):
+            raise TypeError(f"{name} must be a tuple of strictly increasing positive ints (e.g. (1, 2, 4, 8)), or "
+                            f"() for off; got {v!r}: {b!r} is a {type(b).__name__}")
+    for i, b in enumerate(v):
+        if b <= 0 or b >= 2**63 or (i and b <= v[i - 1]):
+            raise ValueError(f"{name} must be a tuple of strictly increasing positive ints (e.g. (1, 2, 4, 8)), or "
+                             f"() for off; got {v!r}")
+    return v
+
+
 def _optional_path(name, v):
     if v is None:
         return None
@@ -204,6 +221,12 @@ class CompilationConfig(_ConfigBase):
                           "Device graph kind: 'auto' (the inputs' device), 'cuda', 'npu', 'host' or 'none'.")
     safe_output_mode = _Field(True, _bool, "Replay returns clones; False returns the graph's own output buffers "
                                            "(overwritten by the next replay).")
+    graph_batch_buckets = _Field((), _buckets, "Batch buckets (opt-in; only for functions whose rows along dim 0 are "
+                                               "independent): a tuple of strictly increasing batch sizes, e.g. "
+                                               "(1, 2, 4, 8). A call's batched inputs are padded up to the next "
+                                               "bucket (the last row repeated), that bucket's graph is replayed and "
+                                               "the outputs are sliced back; beyond the largest bucket the call runs "
+                                               "uncaptured (stats.bucket_overflows). () = off.")
     enable_freezing = _Field(True, _bool, "Fold parameters into constants before compiling (inference only: "
                                           "applies when autograd is off).")
     inductor = _Field(True, _bool, "Default route: hand the fused graph to Inductor's codegen; False: run it as "

@@ -26,6 +26,8 @@ class Stats:
     eager_calls: int = 0  # calls run uncaptured because their signature fell back
     frozen_recompiles: int = 0  # a frozen graph compiled again: other parameter tensors, or weights changed
     weight_invalidations: int = 0  # a GraphRunner dropped its graphs: a parameter/buffer/submodule was replaced
+    bucket_padded_calls: int = 0  # batch buckets: calls whose batch was padded up to a bucket
+    bucket_overflows: int = 0  # batch buckets: calls beyond the largest bucket, run uncaptured (also eager_calls)
     capture_seconds: float = 0.0
     compile_seconds: float = 0.0
     graph_memory_bytes: int = 0

@@ -29,6 +29,7 @@ class GraphOptions:
     fusion_patterns: object  # FusionPatterns: the families GraphRunner fuses before it captures
     graph_only: bool         # True: capture the function as traced, unfused
     verify: bool             # check each fused family against the unfused graph on the capture's inputs
+    graph_batch_buckets: tuple = ()  # () = off
 
     @classmethod
     def from_config(cls, config=None) -> "GraphOptions":

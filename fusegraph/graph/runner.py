@@ -3,6 +3,7 @@
     runner = fusegraph.graph.GraphRunner(fn, config=None)   # config: any object with SPEC §1.1's graph_* names
     out = runner(*args, **kwargs)                           # same results as fn(*args, **kwargs)
     runner.stats                                            # fusegraph.stats.Stats
+    GraphRunner(fn, {"graph_batch_buckets": (1, 2, 4, 8)})  # one graph per bucket, not per batch (buckets.py)
 
 Data flow of a call: the arguments are flattened (pytree); the C++ cache (csrc/graph/cache.h) keys them on
 each tensor's shape, dtype and device, each immutable value's exact value, each module/function's identity,
@@ -45,6 +46,7 @@ from torch.utils import _pytree as pytree
 from fusegraph import _C
 from fusegraph.stats import Stats
 
+from .buckets import graph_batch_spec, make_buckets
 from .drivers import select_driver, static_buffers
 from .host import single_overload
 from .options import GraphOptions
@@ -125,7 +127,7 @@ class GraphRunner:
     graph on CPU) and replay it afterwards. See the module docstring for the semantics."""
 
     def __init__(self, fn, config=None, *, stats: Stats | None = None, name: str | None = None,
-                 guard_weights: bool = True):
+                 guard_weights: bool = True, batch_args=None):
         if not callable(fn):
             raise TypeError(f"fusegraph: GraphRunner needs a callable; got {type(fn).__name__}")
         self.fn = fn
@@ -147,9 +149,16 @@ class GraphRunner:
         self._values_seen: dict = {}  # non-tensor leaf position -> set of values captured
         self._warned: set = set()
         self._specs: dict = {}  # argument TreeSpec -> its signature value
+        # graph_batch_buckets: pad the batch up to a bucket, replay that bucket's graph, slice back (buckets.py)
+        self._buckets = make_buckets(self, o.graph_batch_buckets, batch_args)
 
     # ---- calling ----
     def __call__(self, *args, **kwargs):
+        if self._buckets is not None:
+            return self._buckets(args, kwargs)
+        return self._call(*args, **kwargs)
+
+    def _call(self, *args, **kwargs):
         debug = _log.isEnabledFor(logging.DEBUG)
         with self._lock:
             if self._fn_guard is not None:
@@ -202,7 +211,7 @@ class GraphRunner:
             args = tuple(plain)
         else:
             args, kwargs = pytree.tree_unflatten(plain[:-1], in_spec)
-        return self(*args, **kwargs)
+        return self._call(*args, **kwargs)
 
     def _eager(self, reason, args, kwargs):
         """Runs the call uncaptured for ``reason`` (counted in stats.fallbacks, logged once), or raises under
@@ -266,7 +275,12 @@ class GraphRunner:
         return self._capture_and_call(leaves, in_spec, args, kwargs)
 
     def capture(self, *args, lazy: bool | None = None) -> bool:
-        """Captures the signature of ``args`` now (compile-time capture). Returns False when it fell back."""
+        """Captures the signature of ``args`` now (compile-time capture). Returns False when it fell back.
+        With batch buckets, the signature of ``args`` padded to their bucket (nothing beyond the largest)."""
+        if self._buckets is not None:
+            args = self._buckets.capture_args(args)
+            if args is None:
+                return False
         if all(type(a) in (torch.Tensor, torch.nn.Parameter) for a in args):
             leaves, in_spec = args, None
         else:
@@ -538,8 +552,18 @@ def compile_graph_route(gm, example_inputs, config=None, stats: Stats | None = N
     """The backend's graph route: a callable that captures ``gm`` per input signature and replays it.
     See the module docstring for the contract."""
     # the graph's weights are the backend's business: inputs, or constants it froze and guards (_FrozenGraph)
-    runner = GraphRunner(gm, config, stats=stats, name=getattr(gm, "_get_name", lambda: "graph")(),
-                         guard_weights=False)
+    options, batch = GraphOptions.from_config(config), None
+    if options.graph_batch_buckets and isinstance(gm, torch.fx.GraphModule):
+        # exact batch rule from the trace (buckets.py): Dynamo's symbolic dim 0; a static graph runs as it is
+        batch, why = graph_batch_spec(gm)
+        if batch is None:
+            options = GraphOptions(**{**options.__dict__, "graph_batch_buckets": ()})
+            if why and stats is not None:
+                stats.add_fallback(f"batch buckets off for this graph: {why}")
+            if why:
+                _log.warning("fusegraph: batch buckets off for this graph: %s", why)
+    runner = GraphRunner(gm, options, stats=stats, name=getattr(gm, "_get_name", lambda: "graph")(),
+                         guard_weights=False, batch_args=batch)
     real = [t for t in example_inputs if isinstance(t, torch.Tensor)]
     fake = any(isinstance(t, torch._subclasses.FakeTensor) for t in real)
     if not runner.options.graph_lazy_capture and not fake and example_inputs is not None:

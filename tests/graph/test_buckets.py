@@ -1,0 +1,277 @@
+"""Batch buckets (CompilationConfig.graph_batch_buckets): pad the batch up to a bucket, replay that bucket's
+graph, slice the outputs back; beyond the largest bucket, run uncaptured (fusegraph/graph/buckets.py).
+
+Exactness: the host graph runs the eager call's own aten ops, so a replay at the bucket size is bitwise the
+eager call at the bucket size. Row for row against eager at the *unpadded* size it is bitwise too for ops
+whose per-row arithmetic does not depend on the row count (norms, elementwise, fused ops); a GEMM (Linear) may
+block its reduction differently for another M (oneDNN/MKL), so there rows are compared with assert_close's
+default tolerances, and bitwise against eager on the padded input."""
+import logging
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import fusegraph
+from fusegraph import CompilationConfig
+from fusegraph.graph import GraphRunner
+from fusegraph.graph.buckets import graph_batch_spec
+
+BUCKETS = (1, 2, 4, 8)
+
+
+def buckets(**kw):
+    return {"graph_batch_buckets": BUCKETS, **kw}
+
+
+def bucket_of(b):
+    return next(k for k in BUCKETS if k >= b)
+
+
+def pad_rows(x, n):
+    """Eager's view of a padded call: the last row repeated up to n rows."""
+    return torch.cat((x, x[-1:].expand(n - x.shape[0], *x.shape[1:])))
+
+
+class NormLinearGelu(nn.Module):
+    def __init__(self, d=32, h=48):
+        super().__init__()
+        self.norm, self.lin = nn.RMSNorm(d), nn.Linear(d, h)
+
+    def forward(self, x):
+        return F.gelu(self.lin(self.norm(x)), approximate="tanh")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batch_sizes_1_to_8_capture_four_graphs_and_match_eager_row_for_row(dtype):
+    torch.manual_seed(0)
+    m = NormLinearGelu().eval().to(dtype)
+    r = GraphRunner(m, buckets())
+    with torch.no_grad():
+        for _ in range(2):
+            for b in range(1, 9):
+                x = torch.randn(b, 5, 32, dtype=dtype)
+                out = r(x)
+                assert out.shape == (b, 5, 48) and out.dtype == dtype
+                # bitwise: eager on the padded batch, rows [:b]
+                assert torch.equal(out, m(pad_rows(x, bucket_of(b)))[:b])
+                ref = m(x)
+                if b in BUCKETS:
+                    assert torch.equal(out, ref)
+                else:  # the Linear's GEMM at another row count (see the module docstring)
+                    torch.testing.assert_close(out, ref)
+        s = r.stats
+        assert (s.graphs_captured, s.replays, s.bucket_padded_calls, s.bucket_overflows, s.eager_calls) == \
+            (4, 16, 8, 0, 0)
+        assert r.num_entries == 4
+        x = torch.randn(9, 5, 32, dtype=dtype)  # beyond the largest bucket: uncaptured, counted
+        assert torch.equal(r(x), m(x))
+        assert (s.graphs_captured, s.replays, s.bucket_overflows, s.eager_calls) == (4, 16, 1, 1)
+
+
+def test_row_wise_ops_are_bitwise_equal_to_eager_at_every_batch_size():
+    w = torch.randn(32)
+
+    def fn(x):
+        return fusegraph.ops.rms_norm(x, w, eps=1e-6) * torch.sigmoid(x) + F.gelu(x, approximate="tanh")
+
+    r = GraphRunner(fn, buckets())
+    for b in range(1, 9):
+        x = torch.randn(b, 3, 32)
+        assert torch.equal(r(x), fn(x))
+    assert (r.stats.graphs_captured, r.stats.replays, r.stats.bucket_padded_calls) == (4, 8, 4)
+
+
+def two_inputs_fn(x, gate, w, *, scale):
+    """x [B,S,D], gate [B,D] batched; w [D] not; a tuple and a dict out, one non-batched output."""
+    y = F.layer_norm(x, (x.shape[-1],)) * w
+    h = y + gate[:, None, :] * scale
+    return (h, h.sum(-1)), {"gate2": gate * 2, "w": w + 1, "shape": h.shape}
+
+
+def test_two_batched_inputs_a_non_batched_one_and_tuple_dict_outputs():
+    r = GraphRunner(two_inputs_fn, buckets())
+    w = torch.randn(16)
+    for b in (1, 2, 3, 5, 6, 7, 8, 4):
+        x, gate = torch.randn(b, 4, 16), torch.randn(b, 16)
+        (h, s), d = r(x, gate, w, scale=0.5)
+        (rh, rs), rd = two_inputs_fn(x, gate, w, scale=0.5)
+        assert torch.equal(h, rh) and torch.equal(s, rs) and torch.equal(d["gate2"], rd["gate2"])
+        assert torch.equal(d["w"], rd["w"]) and d["w"].shape == (16,)  # not batched: untouched
+        assert type(d["shape"]) is torch.Size and d["shape"] == rd["shape"] == (b, 4, 16)
+    assert (r.stats.graphs_captured, r.stats.replays, r.stats.bucket_padded_calls) == (4, 8, 4)
+
+
+def test_padded_rows_do_not_leak_into_outputs():
+    """Outputs are exactly B rows; the padded rows (repeats of the last real row) stay in the graph's bucket-size
+    buffer behind the view; fused ops in poison mode (every output NaN-filled before its kernel writes it) leave
+    no NaN in any real row; a later call of the same bucket does not change an earlier (safe-mode) result."""
+    w = torch.randn(16)
+
+    def fn(x):
+        return fusegraph.ops.rms_norm(x, w) + 1
+
+    fusegraph._C._set_poison_outputs(True)
+    try:
+        safe = GraphRunner(fn, buckets())
+        x = torch.randn(3, 16)
+        x[-1] = 1e4  # the repeated row is unlike the others
+        out = safe(x)
+        assert out.shape == (3, 16) and torch.equal(out, fn(x)) and torch.isfinite(out).all()
+        keep = out.clone()
+        safe(torch.randn(3, 16)), safe(torch.randn(4, 16))
+        assert torch.equal(out, keep)
+
+        unsafe = GraphRunner(fn, buckets(safe_output_mode=False))
+        out = unsafe(x)
+        assert out.shape == (3, 16) and torch.equal(out, fn(x))
+        base = out._base if out._base is not None else out
+        assert base.shape == (4, 16)  # a view of the bucket's output
+        assert torch.equal(base[3], base[2])  # the padded row is the last real row's result, finite
+    finally:
+        fusegraph._C._set_poison_outputs(False)
+
+
+def test_bucket_sized_batch_is_not_copied():
+    seen = []
+
+    def fn(x):
+        seen.append(x.data_ptr())
+        return x * 2
+
+    r = GraphRunner(fn, buckets(device_graph="none"))  # uncaptured: fn sees the tensors the runner passes
+    x = torch.randn(4, 3)
+    r(x)
+    assert seen[-1] == x.data_ptr() and r.stats.bucket_padded_calls == 0
+    y = torch.randn(3, 3)
+    torch.testing.assert_close(r(y), y * 2, rtol=0, atol=0)
+    assert seen[-1] != y.data_ptr() and r.stats.bucket_padded_calls == 1
+
+
+def test_ambiguous_non_batched_tensor_and_batch_args():
+    table = torch.randn(3, 16)  # dim 0 == 3: looks batched to the automatic rule at B = 3
+
+    def fn(x, table):
+        return x @ table.T  # [B, 3]
+
+    x = torch.randn(3, 16)
+    auto = GraphRunner(fn, buckets())
+    assert auto(x, table).shape == (3, 4)  # the documented ambiguity: the table was padded too
+    for batch_args in ((0,), 0, ("x",)):
+        r = GraphRunner(fn, buckets(), batch_args=batch_args)
+        out = r(x, table) if batch_args != ("x",) else r(x=x, table=table)
+        assert out.shape == (3, 3)
+        torch.testing.assert_close(out, fn(x, table))
+        assert r.stats.bucket_padded_calls == 1
+    r = GraphRunner(lambda x, y: x + y, buckets(), batch_args=(0, 1))
+    with pytest.raises(ValueError, match="batch_args names argument 1, but a tensor in it has dim 0 of 2"):
+        r(torch.randn(3, 4), torch.randn(2, 4))
+
+
+def test_beyond_the_largest_bucket_runs_uncaptured_logged_once(caplog):
+    r = GraphRunner(lambda x: x.sin(), buckets())
+    with caplog.at_level(logging.WARNING, logger="fusegraph.graph"):
+        for b in (9, 12, 9):
+            x = torch.randn(b, 2)
+            assert torch.equal(r(x), x.sin())
+    assert (r.stats.bucket_overflows, r.stats.eager_calls, r.stats.graphs_captured) == (3, 3, 0)
+    assert sum("beyond the largest bucket 8" in m for m in caplog.messages) == 1
+    x = torch.randn(0, 2)  # no row to repeat
+    assert r(x).shape == (0, 2)
+    assert r.stats.fallbacks == {"batch buckets: batch size 0 (no row to pad with)": 1}
+
+
+def test_capture_pads_to_the_bucket():
+    r = GraphRunner(lambda x: x.cos(), buckets())
+    assert r.capture(torch.randn(3, 2)) is True
+    assert r.stats.graphs_captured == 1
+    for b in (3, 4):
+        x = torch.randn(b, 2)
+        assert torch.equal(r(x), x.cos())
+    assert (r.stats.graphs_captured, r.stats.replays) == (1, 2)
+    assert r.capture(torch.randn(9, 2)) is False and r.stats.graphs_captured == 1
+
+
+def test_bad_values_raise_naming_the_field():
+    for bad, err in [((2, 1), ValueError), ((1, 1), ValueError), ((0, 2), ValueError), ((-1,), ValueError),
+                     ((1.0, 2), TypeError), ((True,), TypeError), ("1,2", TypeError), (4, TypeError),
+                     (None, TypeError)]:
+        with pytest.raises(err, match="graph_batch_buckets must be a tuple of strictly increasing positive ints"):
+            CompilationConfig(graph_batch_buckets=bad)
+        with pytest.raises(err, match="graph_batch_buckets"):
+            GraphRunner(lambda x: x, {"graph_batch_buckets": bad})
+    assert CompilationConfig(graph_batch_buckets=[1, 2, 4]).graph_batch_buckets == (1, 2, 4)
+    assert CompilationConfig().graph_batch_buckets == ()
+    with pytest.raises(ValueError, match="graph_batch_buckets is off"):
+        GraphRunner(lambda x: x, batch_args=(0,))
+    with pytest.raises(TypeError, match="batch_args must be a sequence"):
+        GraphRunner(lambda x: x, buckets(), batch_args=(1.5,))
+
+
+def test_graph_batch_spec_reads_the_batch_symbol():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def fn(w, n, x, y):  # a weight first (its dim 0 is a symbol too, but also the output's dim 1), an int input
+        return x @ w.T + y.sum(-1, keepdim=True), n + 0, x.shape[0]
+
+    gm = make_fx(fn, tracing_mode="symbolic")(torch.randn(8, 16), 3, torch.randn(3, 16), torch.randn(3, 5))
+    spec, why = graph_batch_spec(gm)
+    assert why is None and spec.tensors == (2, 3) and spec.ints == (1,)
+    assert spec.out_slice == (0,) and spec.out_ints == (1, 2)
+
+    flat = make_fx(lambda x: x.reshape(-1), tracing_mode="symbolic")(torch.randn(3, 16))
+    spec, why = graph_batch_spec(flat)
+    assert spec is None and "output 0 has the batch size" in why
+    static = make_fx(lambda x: x + 1)(torch.randn(3, 16))
+    assert graph_batch_spec(static) == (None, None)
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_backend_graph_route_buckets(dynamic):
+    """Dynamo specialises B = 1 (a static graph, captured as it is) and compiles the next batch size with a
+    symbolic dim 0 and a SymInt input; that graph pads to the buckets 2, 4, 8: 4 captures for batch sizes 1..8."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = NormLinearGelu().eval()
+    backend = fusegraph.Backend({"graph_with_compile": True, "graph_batch_buckets": BUCKETS})
+    compiled = torch.compile(m, backend=backend, dynamic=dynamic)
+    with torch.no_grad():
+        for b in list(range(1, 9)) + [3, 9]:
+            x = torch.randn(b, 5, 32)
+            out = compiled(x)
+            assert out.shape == (b, 5, 48)
+            torch.testing.assert_close(out, m(x))  # fused rms_norm: one rounding instead of eager's several
+    s = backend.stats
+    assert s.graphs_compiled == 2 and s.patterns["rms_norm"] == 2
+    assert (s.graphs_captured, s.replays, s.bucket_padded_calls, s.bucket_overflows) == (4, 9, 5, 1)
+    assert not s.fallbacks
+
+
+def test_bench_buckets_smoke(capsys):
+    from fusegraph.__main__ import main as cli
+
+    assert cli(["bench", "buckets", "--rounds", "1", "--dim", "16", "--seq", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "buckets           4" in out and "per-size          8" in out
+    assert "buckets: replays 16, padded calls 8, overflows 0" in out  # the first sweep and one round
+
+
+def test_backend_route_batch_size_branch_stays_correct():
+    """A branch on the batch size makes Dynamo compile a graph per side (B = 1; 2..3 under the guard B < 4; 4..).
+    The guard is checked on the real B; the side's graph then replays at the bucket (B = 3 at 4), which computes
+    the rows exactly as the side Dynamo chose. Bucket 4 is captured once per side: 5 captures."""
+    class Branch(nn.Module):
+        def forward(self, x):
+            return x * 2 if x.shape[0] < 4 else x * 3
+
+    torch._dynamo.reset()
+    m = Branch()
+    backend = fusegraph.Backend({"graph_only": True, "graph_batch_buckets": BUCKETS})
+    compiled = torch.compile(m, backend=backend)
+    with torch.no_grad():
+        for b in range(1, 9):
+            x = torch.randn(b, 3)
+            assert torch.equal(compiled(x), m(x))
+    s = backend.stats
+    assert (s.graphs_compiled, s.graphs_captured, s.replays, s.bucket_padded_calls) == (3, 5, 8, 4)
