@@ -37,7 +37,7 @@ from unittest import mock
 import torch
 import torch.fx
 
-from .fusion import passes
+from .fusion import choice, passes
 from .fusion.patterns._prepare import depends_on
 
 _aten = torch.ops.aten
@@ -65,6 +65,7 @@ class Site:
     lines: list = dataclasses.field(default_factory=list)
     stack: list = dataclasses.field(default_factory=list)
     reason: Optional[str] = None  # unfused only: why no pattern applied
+    inductor: Optional[str] = None  # fused only: the Inductor route's per-site choice (fusegraph.fusion.choice)
     graph: int = 0  # which compiled graph (graph breaks make several)
 
     @property
@@ -93,6 +94,7 @@ _COLUMNS = (
     ("source", lambda s: s.source),
     ("called from", lambda s: _short_frame(s.stack[-2]) if len(s.stack) > 1 else ""),
     ("reason", lambda s: s.reason or ""),
+    ("inductor route", lambda s: s.inductor or ""),
 )
 
 
@@ -655,6 +657,9 @@ class _Observer:
     def _finish(self, graph: torch.fx.Graph) -> None:
         nodes = set(graph.nodes)
         self.sites = [site for node, site in self.fused.items() if node in nodes]
+        for node, site in self.fused.items():
+            if node in nodes:
+                site.inductor = choice.describe(node)
         with _explicit_rms_calls(graph):
             candidates = _candidates(graph, passes.FAMILIES)
             reasons = {node: self.reasons.get(node) or _reason(family, node, passes.pattern_pass(family, self.opts))

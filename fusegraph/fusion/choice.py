@@ -291,23 +291,37 @@ def _site_size(node) -> tuple:
     return val.dtype, numel
 
 
+def decide(node: torch.fx.Node) -> tuple:
+    """(keep the fused op?, predicted t(Inductor) / t(fused) or None) for one fused node: kept when the cost
+    model has no measurement for its device/family/dtype, or predicts the fused op at least MARGIN faster."""
+    family = family_of(node)
+    dtype, numel = _site_size(node)
+    if family is None or dtype is None or numel is None:
+        return True, None
+    ratio = cost_model().ratio(family, node.meta["val"].device, dtype, numel)
+    return (ratio is None or ratio >= 1 + MARGIN), ratio
+
+
+def describe(node: torch.fx.Node) -> str:
+    """The Inductor route's choice for one fused node, as the explain report shows it."""
+    keep, ratio = decide(node)
+    if ratio is None:
+        return "fused op (no measurement for this device/dtype)"
+    return f"{'fused op' if keep else 'Inductor code'} (Inductor/fused time {ratio:.2f})"
+
+
 def choose(graph: torch.fx.Graph, config=None, *, stats=None, decisions: Optional[list] = None) -> dict:
     """Lowers every fused node that Inductor's own code is predicted to beat; returns {family: sites lowered}
     and appends (family, node name, dtype, numel, ratio, fused?) to ``decisions`` when given."""
     from ..stats import PATTERN_NAMES
 
-    model = cost_model()
     lowered = {name: 0 for name in PATTERN_NAMES}
     for node in list(graph.nodes):
         family = family_of(node)
         if family is None:
             continue
+        keep, ratio = decide(node)
         dtype, numel = _site_size(node)
-        val = node.meta.get("val")
-        ratio = None
-        if dtype is not None and numel is not None:
-            ratio = model.ratio(family, val.device, dtype, numel)
-        keep = ratio is None or ratio >= 1 + MARGIN
         if decisions is not None:
             decisions.append((family, node.name, dtype, numel, ratio, keep))
         if keep:

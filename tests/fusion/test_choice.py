@@ -1,0 +1,189 @@
+"""The Inductor route's per-site choice (fusegraph.fusion.choice): lowerings equal to the ops, the cost model's
+reading of its table, and the backend keeping / lowering sites as the model says."""
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fusegraph
+from fusegraph.fusion import choice
+from fusegraph.fusion.choice import CostModel, lowered_call
+
+fg = torch.ops.fusegraph
+DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def _rand(*shape, dtype):
+    return torch.randn(*shape, dtype=torch.float64).to(dtype)
+
+
+def _check(target, *args, **kwargs):
+    """The lowering gives the op's dtype and, in float32 math as the op, values within the dtype's default
+    tolerance (float32 and float64 tighter)."""
+    want = target(*args, **kwargs)
+    got = lowered_call(target, *args, **kwargs)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    tol = {torch.float32: dict(rtol=2e-6, atol=2e-6), torch.float64: dict(rtol=1e-12, atol=1e-12)}.get(want.dtype, {})
+    torch.testing.assert_close(got, want, **tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_lowering_equals_the_op(dtype):
+    x = _rand(3, 5, 48, dtype=dtype)[:, ::2]  # a non-contiguous view
+    w, b = _rand(48, dtype=dtype), _rand(48, dtype=dtype)
+    _check(fg.rms_norm.default, x, w, 1e-6)
+    _check(fg.rms_norm.default, x, w, 1e-5, b)
+    _check(fg.rms_norm.default, x, None, 1e-6)
+    _check(fg.rms_norm.default, x, w.float(), 1e-6, style="diffusers")
+    _check(fg.rms_norm.default, x, w, 1e-6, b, style="diffusers")
+    _check(fg.rms_norm.default, x, None, 1e-6, style="diffusers")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_adaln_lowering_equals_the_op(dtype):
+    x = _rand(2, 7, 40, dtype=dtype)
+    scale, shift = _rand(2, 1, 40, dtype=dtype), _rand(2, 1, 40, dtype=dtype)
+    w, b = _rand(40, dtype=dtype), _rand(40, dtype=dtype)
+    for norm in ("layer", "rms"):
+        _check(fg.adaln.default, x, scale, shift, 1e-6, norm=norm)
+        _check(fg.adaln.default, x, scale, None, 1e-6, norm=norm)
+        _check(fg.adaln.default, x, scale, shift, 1e-6, w, b, norm=norm)
+        _check(fg.adaln.default, x, _rand(2, 7, 40, dtype=dtype), shift, 1e-5, w, None, norm=norm)
+        _check(fg.adaln.default, x, scale.float(), shift.float(), 1e-6, out_dtype=dtype, norm=norm)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_rope_lowering_equals_the_op(dtype, interleaved):
+    x = _rand(2, 6, 3, 16, dtype=dtype).transpose(1, 2)  # [B, H, S, D] view of [B, S, H, D]
+    cos, sin = torch.randn(6, 16), torch.randn(6, 16)
+    _check(fg.rope.default, x, cos, sin, interleaved=interleaved)
+    _check(fg.rope.default, x, cos.to(dtype), sin.to(dtype), interleaved=interleaved)
+    x_odd = _rand(2, 3, 6, 13, dtype=dtype)
+    _check(fg.rope.default, x_odd, cos[:, :8], sin[:, :8], interleaved=interleaved, rotary_dim=8)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gelu_and_mul_add_lowerings_equal_the_ops(dtype):
+    x = _rand(4, 33, dtype=dtype) * 3
+    _check(fg.gelu_tanh.default, x)
+    _check(fg.fast_gelu.default, x)
+    g, c = _rand(4, 1, dtype=dtype), _rand(4, 33, dtype=dtype)
+    _check(fg.mul_add.default, x, g, c)
+    _check(fg.mul_add.default, x, g.float(), c, out_dtype=dtype)
+    _check(fg.mul_add.Scalar, x, 0.5, c)
+    _check(fg.mul_add.Scalar, x, -1.25, c.float())
+
+
+def test_cost_model_interpolates_in_log_size_and_clamps():
+    model = CostModel({"cpu": {"1": {"gelu": {"float32": [[10, 0.5], [16, 2.0]]}},
+                               "4": {"gelu": {"float32": [[10, 9.0], [16, 9.0]]}}}}, "test")
+    cpu = torch.device("cpu")
+    assert model.ratio("gelu", cpu, torch.float32, 2 ** 10, threads=1) == 0.5
+    assert model.ratio("gelu", cpu, torch.float32, 2 ** 13, threads=1) == pytest.approx(1.25)
+    assert model.ratio("gelu", cpu, torch.float32, 4, threads=1) == 0.5  # below the table: its first point
+    assert model.ratio("gelu", cpu, torch.float32, 2 ** 30, threads=1) == 2.0  # above: its last
+    assert model.ratio("gelu", cpu, torch.float32, 2 ** 13, threads=2) == pytest.approx(1.25)  # nearest: 1
+    assert model.ratio("gelu", cpu, torch.float32, 2 ** 13, threads=3) == 9.0  # nearest: 4
+    assert model.ratio("gelu", cpu, torch.bfloat16, 2 ** 13, threads=1) is None  # not measured
+    assert model.ratio("rope", cpu, torch.float32, 2 ** 13, threads=1) is None
+    assert model.ratio("gelu", torch.device("cuda"), torch.float32, 2 ** 13) is None  # no table: keep fused
+
+
+def test_shipped_table_covers_every_family_and_dtype():
+    with open(choice._SHIPPED) as f:
+        data = json.load(f)
+    assert data["version"] == choice.TABLE_VERSION
+    per_threads = data["tables"]["cpu"]
+    assert "1" in per_threads
+    for family in fusegraph.stats.PATTERN_NAMES:
+        for dtype in ("float32", "bfloat16", "float16"):
+            points = per_threads["1"][family][dtype]
+            assert len(points) >= 3 and all(r > 0 for _, r in points)
+            assert [p[0] for p in points] == sorted(p[0] for p in points)
+
+
+class _Block(torch.nn.Module):
+    """RMSNorm -> Linear -> tanh-GELU -> x + 0.5 * h, a decode-like layer."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.norm = torch.nn.RMSNorm(d, eps=1e-6)
+        self.lin = torch.nn.Linear(d, d)
+
+    def forward(self, x):
+        return x + 0.5 * F.gelu(self.lin(self.norm(x)), approximate="tanh")
+
+
+def _compile(model, x, **cfg):
+    torch._dynamo.reset()
+    backend = fusegraph.Backend(cfg)
+    with torch.no_grad():
+        out = torch.compile(model, backend=backend)(x)
+    return backend, out
+
+
+@pytest.fixture
+def table(monkeypatch):
+    """A cost model that keeps gelu fused and lowers everything else, at any size."""
+    families = {f: {"float32": [[0, 0.5], [30, 0.5]]} for f in fusegraph.stats.PATTERN_NAMES}
+    families["gelu"] = {"float32": [[0, 3.0], [30, 3.0]]}
+    model = CostModel({"cpu": {"1": families}}, "test table")
+    monkeypatch.setattr(choice, "_model", model)
+    return model
+
+
+def test_backend_lowers_the_sites_the_model_gives_to_inductor(table):
+    model = _Block(64).eval()
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        want = model(x)
+    backend, out = _compile(model, x)
+    assert backend.stats.patterns["rms_norm"] == 1 and backend.stats.patterns["gelu"] == 1
+    assert backend.stats.patterns["mul_add"] == 1
+    assert backend.stats.lowered == {**{f: 0 for f in fusegraph.stats.PATTERN_NAMES}, "rms_norm": 1, "mul_add": 1}
+    ops = backend.last_graph_ops
+    assert ops["fusegraph.gelu_tanh.default"] == 1
+    assert not any(k.startswith("fusegraph.rms_norm") or k.startswith("fusegraph.mul_add") for k in ops)
+    torch.testing.assert_close(out, want)
+
+
+def test_fusion_choice_always_keeps_every_fused_op(table):
+    model = _Block(64).eval()
+    x = torch.randn(3, 64)
+    backend, out = _compile(model, x, fusion_choice="always")
+    assert sum(backend.stats.lowered.values()) == 0
+    assert backend.last_graph_ops["fusegraph.rms_norm.default"] == 1
+    assert backend.last_graph_ops["fusegraph.mul_add.Scalar"] == 1
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x))
+
+
+def test_aten_route_never_lowers(table):
+    model = _Block(64).eval()
+    backend, _ = _compile(model, torch.randn(3, 64), inductor=False)
+    assert sum(backend.stats.lowered.values()) == 0
+    assert backend.last_graph_ops["fusegraph.rms_norm.default"] == 1
+
+
+def test_summary_line_names_the_sites_left_to_inductor(table, caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="fusegraph"):
+        _compile(_Block(64).eval(), torch.randn(3, 64))
+    assert any("2 of them left to Inductor's code" in r.getMessage() for r in caplog.records)
+
+
+def test_unknown_fusion_choice_is_rejected():
+    with pytest.raises(ValueError, match="fusion_choice"):
+        fusegraph.CompilationConfig(fusion_choice="sometimes")
+
+
+def test_save_calibration_merges_devices_and_thread_counts(tmp_path):
+    path = tmp_path / "cost.json"
+    choice.save_calibration({"cpu": {"1": {"gelu": {"float32": [[10, 1.0]]}}}, "_overhead_us": {"1": 3.0}}, path)
+    choice.save_calibration({"cpu": {"2": {"gelu": {"float32": [[10, 2.0]]}}}}, path)
+    data = json.loads(path.read_text())
+    assert set(data["tables"]["cpu"]) == {"1", "2"}
+    choice.cost_model(reload=True)  # back to the real table for other tests
