@@ -20,6 +20,7 @@ import functools
 import hashlib
 import itertools
 import logging
+import operator
 import threading
 import time
 from typing import Optional
@@ -670,20 +671,33 @@ def _with_traced_strides(boxed, layouts):
     return run
 
 
+def _selector(keep):
+    """args -> the args at ``keep``, as a tuple (operator.itemgetter: one C call, not a Python loop per call over
+    every parameter Dynamo passes)."""
+    if not keep:
+        return lambda args: ()
+    if len(keep) == 1:
+        i = keep[0]
+        return lambda args: (args[i],)
+    return operator.itemgetter(*keep)
+
+
 def _pass_kept_args(compiled, keep):
     """Callers still pass every original input; the frozen graph takes only those that stayed inputs."""
+    select = _selector(keep)
 
     def run(*args):
-        return compiled(*[args[i] for i in keep])
+        return compiled(*select(args))
 
     return run
 
 
 def _drop_frozen_args(gm, keep):
     """A boxed callable that passes on only the arguments freezing kept (parameters became constants)."""
+    select = _selector(keep)
 
     def run(args):
-        kept = [args[i] for i in keep]
+        kept = select(args)
         args.clear()
         return gm(*kept)
 

@@ -115,11 +115,16 @@ class _EntryInfo:
     """What the Python side keeps per entry (the C++ cache holds it opaquely): the output tree and the
     driver's capture info (the aten graph, for inspection)."""
 
-    __slots__ = ("out_spec", "capture", "driver", "constants")
+    __slots__ = ("out_spec", "capture", "driver", "constants", "flat_type")
 
     def __init__(self, out_spec, capture, driver, constants=None):
         self.out_spec, self.capture, self.driver = out_spec, capture, driver
         self.constants = constants  # {flat output index: value}: torch.Size outputs (fixed by the signature)
+        # list or tuple when the output is a flat list/tuple of leaves (an aot graph's): rebuilt without pytree
+        self.flat_type = None
+        if out_spec is not None and out_spec.type in (list, tuple) and not constants and \
+                all(c.is_leaf() for c in out_spec.children()):
+            self.flat_type = out_spec.type
 
 
 class GraphRunner:
@@ -262,6 +267,8 @@ class GraphRunner:
                 self._warn_drift(drifted)
             if info.out_spec is None:
                 return outs[0]
+            if info.flat_type is not None:
+                return outs if info.flat_type is list else tuple(outs)
             if info.constants:
                 for j, value in info.constants.items():
                     outs[j] = value
