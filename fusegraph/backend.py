@@ -34,6 +34,9 @@ from .stats import PATTERN_NAMES, Stats
 
 log = logging.getLogger("fusegraph")
 
+# Freezing packs linear weights for MKL/oneDNN (Inductor's cpp.weight_prepack): measured here, a packed linear of
+# a few rows (a decode step, a batch-1 projection) is about 3x slower than aten's addmm (5.4 vs 1.7 us, 1x256 by
+# 256x256 fp32) and a 288-row one no faster (tiny Flux). Plain torch.compile does not freeze, so it never packs.
 _WEIGHT_PREPACK = False
 _logged_reasons: set = set()
 _logged_lock = threading.Lock()
@@ -312,7 +315,8 @@ class Backend:
         fusion_pass = _FusionPass(self, job)
         if self.config.verify:  # the post-grad graph's placeholders once Inductor froze the rest
             job.real_inputs = list(example_inputs)
-        patches = {"post_grad_custom_pre_pass": fusion_pass, "freezing": job.freeze, "cpp.weight_prepack": _WEIGHT_PREPACK}
+        patches = {"post_grad_custom_pre_pass": fusion_pass, "freezing": job.freeze,
+                   "cpp.weight_prepack": _WEIGHT_PREPACK}
         compiled = compile_fx(gm, example_inputs, config_patches=patches)
         # Inductor's caches skip the custom pass on a hit: the counts, the fallbacks the pass noted and its graph
         # logs then come from the compile that ran it, stored under a key of the graph and the pass options.
@@ -341,7 +345,6 @@ class Backend:
     # default route with inductor=False, and the graph routes: an aten graph, fused or not, run or captured
     def _compile_aten(self, gm, example_inputs, job, route):
         from torch._dynamo.backends.common import aot_autograd
-        from torch._inductor.decomposition import select_decomp_table
         from functorch.compile import make_boxed_func
 
         fuse = route != "graph_only"
@@ -374,7 +377,7 @@ class Backend:
             return make_boxed_func(graph.forward) if keep is None else _drop_frozen_args(graph, keep)
 
         backend = aot_autograd(fw_compiler=plain, inference_compiler=inference,
-                               decompositions=select_decomp_table())
+                               decompositions=passes.decompositions())
         # A tracing context, as compile_fx sets up: aot_autograd records the parameters in it, freezing reads them.
         from torch._guards import TracingContext, detect_fake_mode, tracing
 
@@ -390,7 +393,8 @@ class Backend:
         from torch._inductor.freezing import freeze
 
         try:
-            frozen, keep = freeze(dynamo_gm, aot_gm, list(aot_inputs))
+            with torch._inductor.config.patch({"cpp.weight_prepack": _WEIGHT_PREPACK}):
+                frozen, keep = freeze(dynamo_gm, aot_gm, list(aot_inputs))
         except Exception as e:  # freezing is an optimisation: never fail a compile over it
             self._fallback(f"freezing failed ({type(e).__name__}: {e}); running unfrozen")
             return aot_gm, None

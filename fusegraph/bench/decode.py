@@ -156,7 +156,7 @@ def main(argv=None) -> int:
         capture_s = _time.perf_counter() - t0
         torch.testing.assert_close(graph_out.double(), reference(block, x, cos, sin), rtol=1e-2, atol=1e-2)
         # GraphRunner fuses before it captures: "no graph" is the same fused ops run without capture
-        fused, _ = trace_fused(lambda *t: [block(*t)], [x, cos, sin], CompilationConfig().fusion_patterns)
+        fused, _, _ = trace_fused(lambda *t: [block(*t)], [x, cos, sin], CompilationConfig().fusion_patterns)
         no_graph = fused(x, cos, sin)[0] if fused is not None else eager_out
         assert torch.equal(runner(x, cos, sin), no_graph), "graph and no-graph results differ"
         ref = reference(block, x, cos, sin)

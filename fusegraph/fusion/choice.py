@@ -284,10 +284,10 @@ def _site_size(node) -> tuple:
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor):
         return None, None
-    try:
-        numel = int(val.numel())
-    except Exception:  # a symbolic size: judged by its hint when it has one
-        numel = None
+    numel = val.numel()
+    if isinstance(numel, torch.SymInt):  # a symbolic size: judged by its example value, without a guard (int()
+        numel = getattr(numel.node, "hint", None)  # would specialise the graph to this size)
+        numel = int(numel) if isinstance(numel, int) else None
     return val.dtype, numel
 
 

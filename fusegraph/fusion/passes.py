@@ -1,14 +1,16 @@
 """Pass manager: the redundant-node pass, then the pattern families in order, to a fixpoint (SPEC §3).
 
 Input is an aten graph as aot_autograd produces it for inference (functionalized, decomposed with
-Inductor's ``select_decomp_table()``, the same table the patterns are traced with). Each family is one
-``PatternMatcherPass``, built once per process per relevant option set (registration traces every
-pattern, which is slow) and shared by every Backend whose options match.
+``decompositions()``: Inductor's ``select_decomp_table()``, the table the patterns are traced with, but for the
+matmul/convolution/attention-like ops it keeps whole). Each family is one ``PatternMatcherPass``, built once
+per process per relevant option set (registration traces every pattern, which is slow) and shared by every
+Backend whose options match.
 """
 from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import importlib
 import logging
 import operator
@@ -53,6 +55,30 @@ def _fusion_patterns(config):
     if isinstance(config, FusionPatterns):
         return config
     raise TypeError(f"config must be a CompilationConfig, a FusionPatterns or None, got {type(config).__name__}")
+
+
+# Ops with native kernels that no pattern family contains stay whole. Inductor's table decomposes some of them
+# for its codegen (an addmm of one row into a multiply and a sum, a group norm into reductions), which the aten
+# route and the host graph, running op by op, would run slower than the native kernel (100 Linear(8, 8) layers
+# of one row: 2.3x slower).
+_KEEP_WHOLE = re.compile(r"^(_?(add)?mm|addmv|mv|b?addbmm|bmm|v?dot|matmul|linear|_?convolution|conv.*|.*pool.*|"
+                         r"upsample.*|_upsample.*|grid_sampler.*|.*batch_norm.*|(native_)?group_norm|instance_norm|"
+                         r"embedding.*|index_.*|_unsafe_index_put|im2col|col2im|_?(safe_|log_)?softmax|"
+                         r"scaled_dot_product.*|_scaled_dot_product.*|searchsorted|bucketize|argsort|msort|"
+                         r"all_gather.*|reduce_scatter.*|.*_pad.*d|pad)$")
+
+
+@functools.lru_cache(maxsize=None)
+def decompositions() -> dict:
+    """The decompositions every route traces with (aot_autograd's on the backend's routes, GraphRunner's fusion
+    trace): Inductor's ``select_decomp_table()``, the graph form the patterns are written against, but for the ops
+    in ``_KEEP_WHOLE``."""
+    from torch._inductor.decomposition import select_decomp_table
+
+    def name(op):
+        return op.name().split("::")[-1].split(".")[0] if hasattr(op, "name") else ""
+
+    return {op: fn for op, fn in select_decomp_table().items() if not _KEEP_WHOLE.match(name(op))}
 
 
 def family_key(family: str, opts) -> tuple:

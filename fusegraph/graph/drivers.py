@@ -62,7 +62,9 @@ def static_buffers(tensors, lazy: bool) -> list:
 class HostDriver:
     name = "host"
 
-    def capture(self, flat_fn, tensors, options, graph=None) -> Capture:
+    def capture(self, flat_fn, tensors, options, graph=None, alternative=None) -> Capture:
+        """``alternative``: the plain trace of a fused ``graph`` (GraphRunner's fusion before capture): both are
+        built and timed on the capture's inputs, and the faster one is kept (``info["chose"]``)."""
         # warm-up and trace on copies of the same strides, so a function that mutates its inputs still
         # mutates the caller's tensors exactly once (in the replay); overlapping layouts are traced as given
         try:
@@ -74,14 +76,49 @@ class HostDriver:
         # An aten-level graph (the backend's routes) is built as it is: tracing it again would be redundant, and
         # make_fx patches torch.nn.Module process-wide, which breaks other threads' compiled calls meanwhile.
         gm = graph if graph is not None else trace_aten(flat_fn, work)
+        chose = None
         try:
             graph = build_host_graph(gm)
+            if alternative is not None:
+                gm, graph, chose = _faster(gm, graph, alternative, work)
         except Unsupported as e:
             reason = f"host graph: {e}"
             _log.info("fusegraph: %s; running the FX graph's Python code", reason)
             exe = _C.graph.PyExecutable(lambda ts: list(gm(*ts)), [], binds_inputs=True, outputs_are_fresh=False)
             return Capture(exe, [], 0, fallback_reason=reason, info={"gm": gm})
-        return Capture(graph, [], graph.constant_bytes, info={"gm": gm, "ops": graph.num_instructions})
+        info = {"gm": gm, "ops": graph.num_instructions}
+        if chose is not None:
+            info["chose"] = chose
+        return Capture(graph, [], graph.constant_bytes, info=info)
+
+
+# The fused host graph is kept unless the plain trace replays this much faster (the minimum of a few
+# interleaved replays each): fusion decomposes what it cannot fuse (a plain LayerNorm, say) into the ops the
+# patterns are written against, which replays slower op by op than the native kernel.
+PLAIN_FASTER_BY = 0.10
+_TIMED_REPLAYS = 3
+
+
+def _faster(fused_gm, fused, plain_gm, work):
+    """(gm, host graph, "fused" | "plain"): the faster of the fused and the plain host graph on ``work``."""
+    import time
+
+    try:
+        plain = build_host_graph(plain_gm)
+    except Unsupported:
+        return fused_gm, fused, "fused"
+    best = {"fused": float("inf"), "plain": float("inf")}
+    for round_ in range(_TIMED_REPLAYS + 1):  # round 0 warms both up (allocator, caches) untimed
+        for name, g in (("fused", fused), ("plain", plain)):
+            t0 = time.perf_counter()
+            g.run(list(work))
+            if round_:
+                best[name] = min(best[name], time.perf_counter() - t0)
+    if best["plain"] < best["fused"] * (1 - PLAIN_FASTER_BY):
+        _log.info("fusegraph: the unfused host graph replays faster (%.1f us vs %.1f us fused): capturing it",
+                  best["plain"] * 1e6, best["fused"] * 1e6)
+        return plain_gm, plain, "plain"
+    return fused_gm, fused, "fused"
 
 
 @contextlib.contextmanager

@@ -35,32 +35,26 @@ def trace_aten(fn, tensors):
         return make_fx(fn, tracing_mode="real")(*tensors)
 
 
-def trace_fused(fn, tensors, fusion_patterns, *, stats=None, verify=False):
-    """``fn(*tensors)`` as a fused aten graph, the form GraphRunner captures: traced (``trace_aten``), then traced
-    again functionalized and decomposed with Inductor's ``select_decomp_table()`` (the graph form the backend's
-    passes run on: aot_autograd's), then fused by the same passes (``fusegraph.fusion.passes.fuse_graph``) with
-    ``fusion_patterns``. Returns (graph, {family: sites fused}); the graph is None when nothing fused (the
-    capture then keeps the plain trace, whose ops are not decomposed)."""
-    from torch._inductor.decomposition import select_decomp_table
+def trace_fused(fn, tensors, fusion_patterns, *, verify=False):
+    """``fn(*tensors)`` as a fused aten graph, the form GraphRunner captures: traced (``trace_aten``: the plain
+    graph), then traced again functionalized and decomposed with ``passes.decompositions()`` (the graph form the
+    backend's passes run on, aot_autograd's), then fused by the backend's passes (``passes.fuse_graph``) with
+    ``fusion_patterns``. Returns (fused graph or None when nothing fused, {family: sites fused}, plain graph)."""
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
     from fusegraph.fusion import passes
 
-    traced = trace_aten(fn, tensors)
+    plain = trace_aten(fn, tensors)
     with torch.no_grad():
-        gm = make_fx(torch.func.functionalize(traced, remove="mutations"), tracing_mode="real",
-                     decomposition_table=select_decomp_table())(*tensors)
+        gm = make_fx(torch.func.functionalize(plain, remove="mutations"), tracing_mode="real",
+                     decomposition_table=passes.decompositions())(*tensors)
         # one fake mode for every node's "val" (the patterns' checks compare them; make_fx's real mode makes one
         # fake mode per node)
         mode = torch._subclasses.FakeTensorMode(allow_non_fake_inputs=True)
         FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*[mode.from_tensor(t) for t in tensors])
     counts = passes.fuse_graph(gm, fusion_patterns, stats=None, verify_inputs=list(tensors) if verify else None)
-    if not any(counts.values()):
-        return None, counts
-    if stats is not None:
-        stats.add_patterns(counts)
-    return gm, counts
+    return (gm if any(counts.values()) else None), counts, plain
 
 
 def single_overload(target):

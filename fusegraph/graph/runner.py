@@ -339,11 +339,19 @@ class GraphRunner:
             # turn the graph's own factory ops (a graph of constants, like Mochi's position tables) into fakes
             with capture_lock(), fx_tracing_window("capture"), unset_fake_temporarily():
                 graph = self._aten_graph if in_spec is None else None
+                counts = plain = None
                 if graph is None and o.fuses:
-                    graph = self._fuse(flat_fn, tensors, o)
+                    graph, counts, plain = self._fuse(flat_fn, tensors, o)
                     if graph is not None and driver.name != "host":  # device graphs capture the fused graph's run
                         flat_fn = _list_outputs(graph)
-                cap = driver.capture(flat_fn, tensors, o, graph=graph)
+                if driver.name == "host" and graph is not None and plain is not None:
+                    cap = driver.capture(flat_fn, tensors, o, graph=graph, alternative=plain)
+                else:
+                    cap = driver.capture(flat_fn, tensors, o, graph=graph)
+                if counts is not None:
+                    self.stats.add_patterns(counts)
+                    if cap.info.get("chose") == "plain":  # the unfused trace replayed faster: its sites unused
+                        self.stats.add_lowered(counts)
         except Exception as e:  # a host sync, an uncapturable op, out of memory...
             if o.graph_fallback == "raise" and not isinstance(e, _Uncapturable):
                 raise
@@ -388,8 +396,9 @@ class GraphRunner:
                                  "torch.tensor(t)) to replay one graph", self.name, len(seen), i, type(x).__name__)
 
     def _fuse(self, flat_fn, tensors, o):
-        """The fused aten graph of this call (fusion before capture, the backend's passes), or None: nothing to
-        fuse, or the trace/fusion failed (then the plain function is captured; the reason is counted)."""
+        """(fused aten graph of this call or None, {family: sites}, the plain trace or None): fusion before capture
+        with the backend's passes. The graph is None when nothing fused or the trace/fusion failed (then the plain
+        function is captured; the failure is counted)."""
         from .host import trace_fused
 
         try:
@@ -397,15 +406,15 @@ class GraphRunner:
         except RuntimeError:
             work = list(tensors)
         try:
-            graph, _ = trace_fused(flat_fn, work, o.fusion_patterns, stats=self.stats, verify=o.verify)
+            graph, counts, plain = trace_fused(flat_fn, work, o.fusion_patterns, verify=o.verify)
         except _Uncapturable:
             raise
         except Exception as e:  # fusion is an optimisation: capture the function as it is
             first = (str(e).strip().splitlines() or [""])[0][:160]
             self.stats.add_fallback(f"fusion before capture skipped ({type(e).__name__}: {first})")
             _log.warning("fusegraph: %s: fusion before capture skipped: %s: %s", self.name, type(e).__name__, first)
-            return None
-        return graph
+            return None, None, None
+        return graph, counts, plain
 
     def _fail(self, leaves, reason) -> bool:
         self._cache.record_failure(leaves, reason)
