@@ -15,6 +15,7 @@ once and counted in ``stats.fallbacks``.
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import functools
 import hashlib
@@ -36,8 +37,37 @@ log = logging.getLogger("fusegraph")
 
 # Freezing packs linear weights for MKL/oneDNN (Inductor's cpp.weight_prepack): measured here, a packed linear of
 # a few rows (a decode step, a batch-1 projection) is about 3x slower than aten's addmm (5.4 vs 1.7 us, 1x256 by
-# 256x256 fp32) and a 288-row one no faster (tiny Flux). Plain torch.compile does not freeze, so it never packs.
+# 256x256 fp32), and from 16 to 1024 rows (K, N of 128-512) 0.9-1.7x addmm's time. Plain torch.compile does not
+# freeze, so it never packs.
 _WEIGHT_PREPACK = False
+
+
+@contextlib.contextmanager
+def _weight_packing_off():
+    """Freezing without linear weight packing, whatever ran before in the process: ``cpp.weight_prepack`` only
+    stops Inductor registering its packing patterns at their first use (once per process), so the linear-packing
+    entries an earlier compile registered (``torch.compile(options={"freezing": True})``) are switched off for
+    the duration too. Runs under Dynamo's compile lock (``Backend._compile``)."""
+    entries = []
+    try:
+        from torch._inductor.fx_passes import freezing_patterns
+
+        for pm in freezing_patterns.pass_patterns:
+            for group in pm.patterns.values():
+                entries += [e for e in group if getattr(e.extra_check, "__name__", "") == "_is_packable_linear"]
+    except (ImportError, AttributeError):  # another torch's layout: the config switch alone
+        pass
+    saved = [e.extra_check for e in entries]
+    for e in entries:
+        e.extra_check = lambda match: False
+    try:
+        with torch._inductor.config.patch({"cpp.weight_prepack": _WEIGHT_PREPACK}):
+            yield
+    finally:
+        for e, check in zip(entries, saved):
+            e.extra_check = check
+
+
 _logged_reasons: set = set()
 _logged_lock = threading.Lock()
 
@@ -315,9 +345,9 @@ class Backend:
         fusion_pass = _FusionPass(self, job)
         if self.config.verify:  # the post-grad graph's placeholders once Inductor froze the rest
             job.real_inputs = list(example_inputs)
-        patches = {"post_grad_custom_pre_pass": fusion_pass, "freezing": job.freeze,
-                   "cpp.weight_prepack": _WEIGHT_PREPACK}
-        compiled = compile_fx(gm, example_inputs, config_patches=patches)
+        patches = {"post_grad_custom_pre_pass": fusion_pass, "freezing": job.freeze}
+        with _weight_packing_off():
+            compiled = compile_fx(gm, example_inputs, config_patches=patches)
         # Inductor's caches skip the custom pass on a hit: the counts, the fallbacks the pass noted and its graph
         # logs then come from the compile that ran it, stored under a key of the graph and the pass options.
         key = _counts_key(gm, example_inputs, fusion_pass.uuid(), job.freeze)
@@ -393,7 +423,7 @@ class Backend:
         from torch._inductor.freezing import freeze
 
         try:
-            with torch._inductor.config.patch({"cpp.weight_prepack": _WEIGHT_PREPACK}):
+            with _weight_packing_off():
                 frozen, keep = freeze(dynamo_gm, aot_gm, list(aot_inputs))
         except Exception as e:  # freezing is an optimisation: never fail a compile over it
             self._fallback(f"freezing failed ({type(e).__name__}: {e}); running unfrozen")
