@@ -178,6 +178,10 @@ PYEOF
 
 # ---- benchmarks and the fusion passes on this machine's torch (2.11) ----
 step bench_ops 90 "$PY" -m fusegraph bench ops --device cuda --json "$OUT/bench_ops_cuda.json"
+# the per-site choice's table for this GPU (fused op vs Triton code for the site), and the decode-like block
+step calibrate 150 "$PY" -m fusegraph bench calibrate --device cuda --families rms_norm,adaln,rope,gelu,mul_add \
+  --dtypes bf16 --out "$OUT/cost_cuda.json"
+step bench_decode_mlp 90 "$PY" -m fusegraph bench model --model decode_mlp --device cuda --reps 100
 # diffusers is not installed there: `make device-wheels` downloads its wheel into wheels/ here; carry it
 # (run's carry=["wheels"]) and it is unpacked into a temporary folder on PYTHONPATH (no network needed).
 if ! "$PY" -c "import diffusers" 2>/dev/null && ls wheels/diffusers-*.whl >/dev/null 2>&1; then

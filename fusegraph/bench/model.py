@@ -62,7 +62,29 @@ def build_wan(dtype, device):
     return model, inputs, shape
 
 
-BUILDERS = {"flux": build_flux, "sd3": build_sd3, "wan": build_wan}
+class DecodeMLP(torch.nn.Module):
+    """A decode-like block: ``layers`` x [RMSNorm -> matmul dim x dim -> tanh-GELU -> x + 0.5 * h], one token."""
+
+    def __init__(self, layers=8, dim=256):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.w = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(dim, dim, generator=g) * dim ** -0.5,
+                                                            requires_grad=False) for _ in range(layers)])
+        self.g = torch.nn.ParameterList([torch.nn.Parameter(1 + 0.1 * torch.randn(dim, generator=g),
+                                                            requires_grad=False) for _ in range(layers)])
+
+    def forward(self, x):
+        for w, g in zip(self.w, self.g):
+            h = torch.nn.functional.rms_norm(x, (x.shape[-1],), g, 1e-6)
+            x = x + 0.5 * torch.nn.functional.gelu(h @ w, approximate="tanh")
+        return x
+
+
+def build_decode_mlp(dtype, device):
+    return DecodeMLP(), dict(x=torch.randn(1, 256)), "batch 1, 8 x [RMSNorm -> matmul 256x256 -> tanh-GELU -> x + 0.5*h]"
+
+
+BUILDERS = {"flux": build_flux, "sd3": build_sd3, "wan": build_wan, "decode_mlp": build_decode_mlp}
 
 
 def _to(inputs, dtype, device):
@@ -88,6 +110,7 @@ def compile_variant(name, make_fn, inputs, reference):
     row["max_abs_diff"] = (out.float() - reference.float()).abs().max().item() if reference is not None else 0.0
     if backend is not None:
         row["patterns"] = dict(backend.stats.patterns)
+        row["lowered"] = dict(backend.stats.lowered)
         row["fallbacks"] = dict(backend.stats.fallbacks)
         row["graphs_captured"] = backend.stats.graphs_captured
     return row, fn, out
@@ -112,8 +135,8 @@ def main(argv=None) -> int:
                    help="torch.set_num_threads (0: torch's default). On a loaded shared machine use 1: a parallel "
                         "region waiting for a descheduled thread makes every op orders of magnitude slower")
     p.add_argument("--json", help="also write the results as JSON to this path")
-    p.add_argument("--variants", default="eager,inductor,fusegraph,fusegraph_aten,fusegraph_graph",
-                   help="comma-separated subset of: eager, inductor, fusegraph, fusegraph_aten, fusegraph_graph")
+    p.add_argument("--variants", default="eager,inductor,fusegraph,fusegraph_aten,fusegraph_graph,graph_runner",
+                   help="comma-separated subset of: " + ", ".join(VARIANTS))
     args = p.parse_args(argv)
 
     threads_before = torch.get_num_threads()
@@ -137,7 +160,9 @@ def _run(args, variants_wanted) -> int:
     return 0
 
 
-VARIANTS = ("eager", "inductor", "fusegraph", "fusegraph_aten", "fusegraph_graph")
+# fusegraph_graph: the graph route through torch.compile; graph_runner: fusegraph.graph.GraphRunner on the module
+# (fusion before capture, no Dynamo)
+VARIANTS = ("eager", "inductor", "fusegraph", "fusegraph_aten", "fusegraph_graph", "graph_runner")
 
 
 def benchmark_model(model_name: str, dtype_name: str = "fp32", device="cpu", reps: int = 10,
@@ -175,8 +200,16 @@ def benchmark_model(model_name: str, dtype_name: str = "fp32", device="cpu", rep
     runtime, why_not = _graph_runtime()
     if runtime is not None:
         variants["fusegraph_graph"] = compiled(CompilationConfig(graph_with_compile=True, inductor=False))
-    elif "fusegraph_graph" in variants_wanted:
-        print(f"(fusegraph_graph skipped: {why_not})")
+
+        def runner():
+            r = runtime.GraphRunner(model)
+            return r, r  # the runner has the stats a backend has
+
+        variants["graph_runner"] = runner
+    else:
+        for name in ("fusegraph_graph", "graph_runner"):
+            if name in variants_wanted:
+                print(f"({name} skipped: {why_not})")
 
     rows, fns, reference = [], {}, None
     torch._dynamo.reset()
@@ -194,12 +227,17 @@ def benchmark_model(model_name: str, dtype_name: str = "fp32", device="cpu", rep
         row["median_s"] = medians[row["variant"]]
 
     eager = next((r["median_s"] for r in rows if r["variant"] == "eager"), None)
+    inductor = next((r["median_s"] for r in rows if r["variant"] == "inductor"), None)
     print()
-    print(f"{'variant':<16} {'compile':>9} {'median':>12} {'vs eager':>9} {'max|diff|':>10}  fused")
+    print(f"{'variant':<16} {'compile':>9} {'median':>12} {'vs eager':>9} {'vs ind':>7} {'max|diff|':>10}  "
+          f"fused (of them left to Inductor's code)")
     for r in rows:
         ratio = f"{eager / r['median_s']:8.2f}x" if eager else "      -"
-        fused = " ".join(f"{k}×{v}" for k, v in r.get("patterns", {}).items()) if "patterns" in r else "-"
-        print(f"{r['variant']:<16} {r['compile_s']:8.2f}s {fmt_time(r['median_s']):>12} {ratio:>9} "
+        vs_ind = f"{inductor / r['median_s']:6.2f}x" if inductor else "     -"
+        lowered = r.get("lowered", {})
+        fused = " ".join(f"{k}×{v}" + (f"({lowered[k]})" if lowered.get(k) else "")
+                         for k, v in r.get("patterns", {}).items() if v) if "patterns" in r else "-"
+        print(f"{r['variant']:<16} {r['compile_s']:8.2f}s {fmt_time(r['median_s']):>12} {ratio:>9} {vs_ind:>7} "
               f"{r['max_abs_diff']:10.2e}  {fused}")
     return dict(model=model_name, dtype=dtype_name, device=str(device), shape=shape,
                 machine=machine_summary(device), rows=rows)

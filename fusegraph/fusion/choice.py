@@ -375,17 +375,20 @@ def _site_args(family: str, numel: int, dtype, device):
     raise ValueError(f"unknown family {family!r}")
 
 
-def _paired_medians(fns, min_time: float = 0.06, rounds: int = 9) -> list:
+def _paired_medians(fns, min_time: float = 0.06, rounds: int = 9, sync=lambda: None) -> list:
     """Median seconds per call of each of ``fns``, measured in interleaved rounds (the same machine load for
-    each: on a shared machine a burst of load then hits both sides of a ratio alike)."""
+    each: on a shared machine a burst of load then hits both sides of a ratio alike). ``sync`` waits for the
+    device (CUDA's kernels run asynchronously)."""
     counts = []
     for fn in fns:
         fn()
         n = 1
         while True:  # calls per round so that a round takes about min_time / rounds
+            sync()
             t0 = time.perf_counter()
             for _ in range(n):
                 fn()
+            sync()
             if (time.perf_counter() - t0) * rounds >= min_time or n >= 1 << 16:
                 break
             n *= 2
@@ -393,11 +396,21 @@ def _paired_medians(fns, min_time: float = 0.06, rounds: int = 9) -> list:
     times = [[] for _ in fns]
     for _ in range(rounds):
         for fn, n, out in zip(fns, counts, times):
+            sync()
             t0 = time.perf_counter()
             for _ in range(n):
                 fn()
+            sync()
             out.append((time.perf_counter() - t0) / n)
     return [statistics.median(t) for t in times]
+
+
+def _sync_for(device: torch.device):
+    if device.type == "cuda":
+        return torch.cuda.synchronize
+    if device.type == "npu":
+        return torch.npu.synchronize
+    return lambda: None
 
 
 def _inductor_fn(target, args, kwargs):
@@ -434,7 +447,7 @@ def _overhead_seconds(device) -> float:
     with torch.no_grad():
         gm = make_fx(lambda t: (t + 1,), tracing_mode="fake")(x)
         compiled = compile_fx_inner(gm, [x])
-    return _paired_medians([lambda: compiled([x])])[0]
+    return _paired_medians([lambda: compiled([x])], sync=_sync_for(torch.device(device)))[0]
 
 
 def calibrate(device="cpu", dtypes=(torch.float32, torch.bfloat16, torch.float16), threads=None,
@@ -457,7 +470,7 @@ def calibrate(device="cpu", dtypes=(torch.float32, torch.bfloat16, torch.float16
                     target, args, kwargs = _site_args(family, numel, dtype, device)
                     with torch.no_grad():
                         fused, ind = _paired_medians([lambda: target(*args, **kwargs),
-                                                      _inductor_fn(target, args, kwargs)])
+                                                      _inductor_fn(target, args, kwargs)], sync=_sync_for(device))
                     ind = max(ind - overhead, 1e-9)
                     points.append([round(math.log2(numel), 3), round(ind / fused, 4)])
                     if progress is not None:
