@@ -29,8 +29,15 @@ def main(argv=None) -> int:
                    "kept per thread count; compiles use the nearest measured one)")
     p.add_argument("--dtypes", default="fp32,bf16,fp16")
     p.add_argument("--families", default=",".join(PATTERN_NAMES))
+    p.add_argument("--sizes", default="10,13,16,19,22", help="log2 of the elements per site, comma-separated")
     p.add_argument("--out", default=None, help="the calibration file to write (default: the cache directory's)")
     args = p.parse_args(argv)
+    try:
+        sizes = tuple(sorted(2 ** int(k) for k in args.sizes.split(",")))
+    except ValueError:
+        p.error(f"--sizes: expected comma-separated integers (log2 of the elements per site), got {args.sizes!r}")
+    if not sizes or min(sizes) < 2 ** 4 or max(sizes) > 2 ** 26:
+        p.error(f"--sizes: each between 4 and 26 (16 to 64 Mi elements), got {args.sizes!r}")
     try:
         dtypes = tuple(DTYPES[d] for d in args.dtypes.split(","))
     except KeyError as e:
@@ -41,7 +48,7 @@ def main(argv=None) -> int:
         p.error(f"--families: unknown {unknown}; expected a comma-separated subset of {list(PATTERN_NAMES)}")
     torch.set_num_threads(args.threads)
     print(f"fusegraph bench calibrate: {machine_summary(args.device)}")
-    result = choice.calibrate(args.device, dtypes, args.threads, families=families,
+    result = choice.calibrate(args.device, dtypes, args.threads, sizes=sizes, families=families,
                               progress=lambda line: print(" ", line, flush=True))
     path = choice.save_calibration(result, args.out)
     print(f"wrote {path}")

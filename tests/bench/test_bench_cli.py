@@ -166,3 +166,41 @@ def test_bench_zoo_rejects_unknown_models(capsys):
 
     assert bench_zoo.main(["--models", "NoSuchModel"]) == 2
     assert "NoSuchModel" in capsys.readouterr().err
+
+
+def test_bench_calibrate_writes_a_table_the_cost_model_reads(tmp_path, capsys):
+    import json
+
+    from fusegraph.fusion.choice import CostModel
+
+    path = tmp_path / "cost.json"
+    assert cli(["bench", "calibrate", "--families", "gelu", "--dtypes", "fp32", "--sizes", "10,14",
+                 "--out", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "gelu" in out and "ratio" in out
+    data = json.loads(path.read_text())
+    points = data["tables"]["cpu"]["1"]["gelu"]["float32"]
+    assert [p[0] for p in points] == [10.0, 14.0] and all(r > 0 for _, r in points)
+    model = CostModel(data["tables"], str(path))
+    assert model.ratio("gelu", torch.device("cpu"), torch.float32, 2 ** 12, threads=1) is not None
+
+
+def test_bench_calibrate_rejects_bad_arguments(capsys):
+    for argv in (["--dtypes", "fp8"], ["--families", "conv"], ["--sizes", "a,b"], ["--sizes", "40"]):
+        with pytest.raises(SystemExit):
+            cli(["bench", "calibrate", *argv])
+    err = capsys.readouterr().err
+    assert "--dtypes" in err and "--families" in err and "--sizes" in err
+
+
+def test_bench_model_decode_mlp_graph_runner(capsys):
+    assert cli(["bench", "model", "--model", "decode_mlp", "--variants", "eager,graph_runner", "--reps", "3",
+                 "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "graph_runner" in out and "rms_norm×8 gelu×8 mul_add×8" in out
+
+
+def test_bench_overhead_runs(capsys):
+    assert cli(["bench", "overhead", "--layers", "3", "--rounds", "2", "--calls", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "GraphRunner (no Dynamo)" in out and "per call through torch.compile" in out
