@@ -35,34 +35,43 @@ from .stats import PATTERN_NAMES, Stats
 
 log = logging.getLogger("fusegraph")
 
-# Freezing packs linear weights for MKL/oneDNN (Inductor's cpp.weight_prepack): measured here, a packed linear of
-# a few rows (a decode step, a batch-1 projection) is about 3x slower than aten's addmm (5.4 vs 1.7 us, 1x256 by
-# 256x256 fp32), and from 16 to 1024 rows (K, N of 128-512) 0.9-1.7x addmm's time. Plain torch.compile does not
-# freeze, so it never packs.
-_WEIGHT_PREPACK = False
+# Freezing packs linear weights (Inductor's weight-pack patterns): float32 ones for MKL's packed sgemm, bf16/fp16
+# ones for oneDNN. Measured here, a packed float32 linear of a few rows (a decode step, a batch-1 projection) is
+# about 3x slower than aten's addmm (5.4 vs 1.7 us, 1x256 by 256x256), and from 16 to 1024 rows (K, N of
+# 128-512) 0.9-1.7x addmm's time; plain torch.compile, which does not freeze, never packs. So float32 linears are
+# left to addmm. bf16/fp16 ones stay packed: oneDNN's linear adds the bias before its one rounding, where an
+# unpacked mm + bias rounds twice (SD3 bf16: max error vs float64 0.0225 unpacked, as plain torch.compile, vs
+# 0.0220 packed; eager 0.0194).
+
+
+def _is_fp32_linear(match) -> bool:
+    node = match.output_node()
+    weight = node.args[2 if node.target is torch.ops.aten.addmm.default else 1]
+    val = weight.meta.get("val") if isinstance(weight, torch.fx.Node) else None
+    return val is None or val.dtype == torch.float32
 
 
 @contextlib.contextmanager
-def _weight_packing_off():
-    """Freezing without linear weight packing, whatever ran before in the process: ``cpp.weight_prepack`` only
-    stops Inductor registering its packing patterns at their first use (once per process), so the linear-packing
-    entries an earlier compile registered (``torch.compile(options={"freezing": True})``) are switched off for
-    the duration too. Runs under Dynamo's compile lock (``Backend._compile``)."""
+def _no_fp32_linear_packing():
+    """Freezing that packs no float32 linear weight. Inductor registers its packing patterns once per process, on
+    the first freezing compile (``lazy_init``, which is called here so that the entries exist); their checks are
+    wrapped for the duration. Runs under Dynamo's compile lock (``Backend._compile``); another torch's layout of
+    these internals leaves packing as Inductor does it."""
     entries = []
     try:
         from torch._inductor.fx_passes import freezing_patterns
 
+        freezing_patterns.lazy_init()
         for pm in freezing_patterns.pass_patterns:
             for group in pm.patterns.values():
                 entries += [e for e in group if getattr(e.extra_check, "__name__", "") == "_is_packable_linear"]
-    except (ImportError, AttributeError):  # another torch's layout: the config switch alone
+    except (ImportError, AttributeError, TypeError):
         pass
     saved = [e.extra_check for e in entries]
-    for e in entries:
-        e.extra_check = lambda match: False
+    for e, check in zip(entries, saved):
+        e.extra_check = lambda match, check=check: check(match) and not _is_fp32_linear(match)
     try:
-        with torch._inductor.config.patch({"cpp.weight_prepack": _WEIGHT_PREPACK}):
-            yield
+        yield
     finally:
         for e, check in zip(entries, saved):
             e.extra_check = check
@@ -346,7 +355,7 @@ class Backend:
         if self.config.verify:  # the post-grad graph's placeholders once Inductor froze the rest
             job.real_inputs = list(example_inputs)
         patches = {"post_grad_custom_pre_pass": fusion_pass, "freezing": job.freeze}
-        with _weight_packing_off():
+        with _no_fp32_linear_packing():
             compiled = compile_fx(gm, example_inputs, config_patches=patches)
         # Inductor's caches skip the custom pass on a hit: the counts, the fallbacks the pass noted and its graph
         # logs then come from the compile that ran it, stored under a key of the graph and the pass options.
@@ -423,7 +432,7 @@ class Backend:
         from torch._inductor.freezing import freeze
 
         try:
-            with _weight_packing_off():
+            with _no_fp32_linear_packing():
                 frozen, keep = freeze(dynamo_gm, aot_gm, list(aot_inputs))
         except Exception as e:  # freezing is an optimisation: never fail a compile over it
             self._fallback(f"freezing failed ({type(e).__name__}: {e}); running unfrozen")

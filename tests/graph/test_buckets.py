@@ -1,8 +1,9 @@
 """Batch buckets (CompilationConfig.graph_batch_buckets): pad the batch up to a bucket, replay that bucket's
 graph, slice the outputs back; beyond the largest bucket, run uncaptured (fusegraph/graph/buckets.py).
 
-Exactness: the host graph runs the eager call's own aten ops, so a replay at the bucket size is bitwise the
-eager call at the bucket size. Row for row against eager at the *unpadded* size it is bitwise too for ops
+Exactness: the runners here capture unfused (the ``unfused_runner`` fixture: fusion before capture rounds
+differently and has its own tests), so the host graph runs the eager call's own aten ops and a replay at the
+bucket size is bitwise the eager call at the bucket size. Row for row against eager at the *unpadded* size it is bitwise too for ops
 whose per-row arithmetic does not depend on the row count (norms, elementwise, fused ops); a GEMM (Linear) may
 block its reduction differently for another M (oneDNN/MKL), so there rows are compared with assert_close's
 default tolerances, and bitwise against eager on the padded input."""
@@ -19,6 +20,8 @@ from fusegraph.graph import GraphRunner
 from fusegraph.graph.buckets import graph_batch_spec
 
 BUCKETS = (1, 2, 4, 8)
+
+pytestmark = pytest.mark.usefixtures("unfused_runner")
 
 
 def buckets(**kw):
