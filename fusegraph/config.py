@@ -204,6 +204,10 @@ class CompilationConfig(_ConfigBase):
                           "Device graph kind: 'auto' (the inputs' device), 'cuda', 'npu', 'host' or 'none'.")
     safe_output_mode = _Field(True, _bool, "Replay returns clones; False returns the graph's own output buffers "
                                            "(overwritten by the next replay).")
+    graph_rank_check = _Field("call", _choice("call", "capture"),
+                              "Multi-process graphs with collectives: 'call' compares the ranks' input signatures "
+                              "on every call (one tiny all_reduce; a rank that differs raises naming it, never "
+                              "hangs); 'capture' only before each capture (replay free of any exchange).")
     enable_freezing = _Field(True, _bool, "Fold parameters into constants before compiling (inference only: "
                                           "applies when autograd is off).")
     inductor = _Field(True, _bool, "Default route: hand the fused graph to Inductor's codegen; False: run it as "

@@ -26,6 +26,7 @@ class GraphOptions:
     graph_fallback: str
     device_graph: str
     safe_output_mode: bool
+    graph_rank_check: str = "call"
 
     @classmethod
     def from_config(cls, config=None) -> "GraphOptions":
