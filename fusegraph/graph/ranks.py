@@ -7,9 +7,12 @@ them exactly as the eager program would; what can differ are the runtime's own *
 runs execute the function, collectives included), recapture, eviction, fallback to eager after a failed capture,
 and verify's undo of a pattern family. Every such decision is taken identically on all ranks:
 
-- capture is decided by the input signature; before each capture the ranks exchange a hash of their signature
-  (one ``all_gather`` of an int64) and, when they differ, every rank raises a ``RuntimeError`` naming each rank's
-  signature (never a hang, never a capture on some ranks only);
+- capture is decided by the input signature; the ranks compare the tensor part of it (shapes, dtypes, device
+  types: ``tensor_signature``) on every call (``graph_rank_check="call"``: one all_reduce of two int64) or only
+  before each capture (``"capture"``: one ``all_gather`` of an int64) and, when they differ, every rank raises a
+  ``RuntimeError`` naming each rank's signature (never a hang, never a capture on some ranks only). Non-tensor
+  values are not compared: they may differ by rank within one program (a rank's sequence offset under context
+  parallelism);
 - a capture's outcome is agreed: one ``all_gather`` of (failed, measured memory); a failure on any rank makes
   every rank drop its capture and fall back (or raise) for that signature, naming the rank that failed; the
   memory each rank records is the maximum over the ranks, so memory-budget eviction evicts the same entries;
@@ -130,6 +133,15 @@ def _normalise(description: str) -> str:
     return re.sub(r"0x[0-9a-fA-F]+", "0x?", description)
 
 
+def tensor_signature(leaves) -> str:
+    """What must be the same on every rank: the tensor arguments' shapes, dtypes and device types. Non-tensor
+    values may differ by rank and still be one program: under context parallelism Dynamo passes each rank's
+    sequence offset as an int (rank 0's specialised away, rank 1's 384), so they are not compared."""
+    from fusegraph import _C
+
+    return _C.graph.GraphCache.describe_signature([x for x in leaves if isinstance(x, torch.Tensor)])
+
+
 def signature_hash(description: str) -> int:
     digest = hashlib.sha256(_normalise(description).encode()).digest()
     return int.from_bytes(digest[:8], "little", signed=True)
@@ -189,4 +201,4 @@ def agree_any(group, flags: list) -> list:
 
 
 __all__ = ["agree_any", "agree_capture", "check_signatures", "collective_groups", "distributed_world",
-           "group_for_graph", "group_for_runner", "signature_hash"]
+           "group_for_graph", "group_for_runner", "signature_hash", "tensor_signature"]

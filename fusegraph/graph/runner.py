@@ -184,7 +184,7 @@ class GraphRunner:
         """Raises on every rank of the group when the ranks' signatures differ: a rank that would replay while
         another captures would run other collectives (a hang)."""
         leaves = args if not kwargs else pytree.tree_flatten((args, kwargs))[0]
-        ranks.check_call(self._group, _C.graph.GraphCache.describe_signature(list(leaves)), self.name)
+        ranks.check_call(self._group, ranks.tensor_signature(leaves), self.name)
 
     def _spec_key(self, spec) -> str:
         """The argument structure as a signature value: each distinct TreeSpec (compared exactly) gets a
@@ -305,7 +305,7 @@ class GraphRunner:
     def _capture(self, leaves, in_spec, args, kwargs, *, lazy) -> bool:
         o = self.options
         if self._group is not None:  # every rank captures the same signature now, or all raise (ranks.py)
-            ranks.check_signatures(self._group, _C.graph.GraphCache.describe_signature(leaves), self.name)
+            ranks.check_signatures(self._group, ranks.tensor_signature(leaves), self.name)
         if not o.graph_recapture:
             err = self._cache.mismatch_error(leaves)
             if err:

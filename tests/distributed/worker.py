@@ -48,7 +48,11 @@ def check(cond, what):
 
 
 def max_diff(a, b) -> float:
-    return (a.double() - b.double()).abs().max().item()
+    """max |a - b|, relative to the reference's magnitude where that exceeds 1 (a residual stream of random
+    weights reaches tens: fp32 carries ~7 digits of it)."""
+    if isinstance(a, (tuple, list)):
+        return max(max_diff(x, y) for x, y in zip(a, b))
+    return (a.double() - b.double()).abs().max().item() / max(1.0, b.double().abs().max().item())
 
 
 def new_backend(route, **extra):
@@ -56,14 +60,17 @@ def new_backend(route, **extra):
 
 
 def check_route(backend, route, graphs: int, what: str, sites=None):
-    """Every site fused (fusing routes), no fallback, and on the graph routes ``graphs`` captured and replayed."""
+    """Every site fused (fusing routes), no fallback, and on the graph routes every compiled graph captured once
+    (``graphs``: the count after the first call; later calls on fresh inputs of the same shapes only replay)."""
     s = backend.stats
     check(not s.fallbacks, f"{what} [{route}]: fallbacks {s.fallbacks}")
     if sites is not None and route != "graph_only":
         got = {k: s.patterns.get(k, 0) for k in sites}
         check(got == sites, f"{what} [{route}]: fused {got}, expected every site {sites}")
     if route.startswith("graph"):
-        check(s.graphs_captured == graphs, f"{what} [{route}]: {s.graphs_captured} graphs captured, expected {graphs}")
+        check(s.graphs_captured == graphs == s.graphs_compiled,
+              f"{what} [{route}]: {s.graphs_captured} graphs captured, {graphs} after the first call, "
+              f"{s.graphs_compiled} compiled")
         check(s.replays >= 2 * graphs, f"{what} [{route}]: {s.replays} replays")
     return {"patterns": {k: v for k, v in s.patterns.items() if v}, "captured": s.graphs_captured,
             "replays": s.replays, "fallbacks": dict(s.fallbacks)}
@@ -75,6 +82,13 @@ def allow_cpu_parallelism():
     helper only, to 1 (every rank uses the CPU)."""
     if torch.accelerator.device_count() == 0:
         torch.accelerator.device_count = lambda: 1
+    # diffusers 0.42.1's context-parallel hook calls ``logger.warning_once`` (not a method of logging.Logger) when an
+    # input has other dims than its plan expects: Wan's plan expects a per-token [B, S] timestep, a Wan 2.1 [B]
+    # timestep hits that line and raises AttributeError in eager mode too. Also diffusers', patched here only.
+    import logging
+
+    if not hasattr(logging.Logger, "warning_once"):
+        logging.Logger.warning_once = logging.Logger.warning
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -143,8 +157,10 @@ def run_context_parallel(make_model, make_inputs, what, routes, sites=None, ring
                 ref = reference_model(**inputs, return_dict=False)[0]
                 got = compiled(**inputs, return_dict=False)[0]
                 diffs.append(max_diff(got, ref))
+                if seed == 0:
+                    first = backend.stats.graphs_captured
         check(max(diffs) <= TOL, f"{what} [{route}]: max |parallel - single process| = {max(diffs):.3g} > {TOL}")
-        out[route] = dict(check_route(backend, route, 1, what, sites), max_diff=max(diffs))
+        out[route] = dict(check_route(backend, route, first, what, sites), max_diff=max(diffs))
     return out
 
 
@@ -189,17 +205,21 @@ def run_tensor_parallel(make_model, plan, make_inputs, what, sites, routes=tuple
         backend = new_backend(route)  # enable_freezing=True: the default
         check(backend.config.enable_freezing, "freezing is on by default")
         compiled = torch.compile(model, backend=backend)
-        diffs = []
+        diffs, eager = [], []
         with torch.no_grad():
             for seed in range(3):
                 args = make_inputs(seed)
                 diffs.append(max_diff(compiled(*args), reference(*args)))
-        check(max(diffs) <= TOL, f"{what} [{route}]: max |TP - single process| = {max(diffs):.3g} > {TOL}")
+                eager.append(max_diff(model(*args), reference(*args)))  # TP's own reordering, uncompiled
+                if seed == 0:
+                    first = backend.stats.graphs_captured
+        check(max(diffs) <= TOL, f"{what} [{route}]: max |TP - single process| = {max(diffs):.3g} > {TOL} "
+                                 f"(eager TP: {max(eager):.3g})")
         ops = backend.last_graph_ops
         if route != "default":  # the graph handed on: weights folded (freezing), collectives inside
             check(ops.get("get_attr", 0) > 0, f"{what} [{route}]: no frozen constants in the graph: {dict(ops)}")
         check(any("c10d_functional" in k for k in ops), f"{what} [{route}]: no collective in the graph {dict(ops)}")
-        out[route] = dict(check_route(backend, route, 1, what, sites), max_diff=max(diffs))
+        out[route] = dict(check_route(backend, route, first, what, sites), max_diff=max(diffs))
     return out
 
 
@@ -424,6 +444,17 @@ def verify_in_step():
     check(d <= TOL and backend.stats.patterns.get("gelu") == 1 and not backend.stats.fallbacks,
           f"verify: diff {d}, {backend.stats}")
     return {"max_diff": d}
+
+
+@scenario
+def deliberate_hang():
+    """For the harness's own test: rank 0 waits in a collective rank 1 never joins (the watchdog must fire)."""
+    if RANK == 0:
+        dist.all_reduce(torch.ones(1))
+    else:
+        import time
+
+        time.sleep(120)
 
 
 # ----------------------------------------------------------------------------------------------------------------
