@@ -146,3 +146,25 @@ def test_signature_hash_ignores_device_index_and_addresses():
     b = "(tensor(shape=[2], dtype=Float, device=cuda:1), Linear@0x7f00bb)"
     assert ranks.signature_hash(a) == ranks.signature_hash(b)
     assert ranks.signature_hash(a) != ranks.signature_hash(a.replace("[2]", "[3]"))
+
+
+def test_bench_model_nproc_2(tmp_path):
+    """``python -m fusegraph bench model --nproc 2``: per-rank medians, the speed-up, outputs checked on every rank
+    (a subprocess with a timeout: a hang fails the test)."""
+    import json
+    import subprocess
+
+    from harness import ROOT
+
+    path = tmp_path / "np.json"
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "fusegraph", "bench", "model", "--model", "flux", "--nproc", "2",
+                           "--variants", "fusegraph_graph", "--reps", "1", "--threads", "1", "--json", str(path)],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "rank 0" in proc.stdout and "speed-up" in proc.stdout and "not meaningful for scaling" in proc.stdout
+    data = json.loads(path.read_text())
+    (row,) = data["rows"]
+    assert row["variant"] == "fusegraph_graph" and len(row["rank_median_s"]) == 2
+    assert row["max_abs_diff"] < 1e-4 and row["speedup"] > 0
+    assert row["fallbacks"] == [{}, {}] and row["graphs_captured"][0] == row["graphs_captured"][1] >= 1
