@@ -168,3 +168,12 @@ def test_bench_model_nproc_2(tmp_path):
     assert row["variant"] == "fusegraph_graph" and len(row["rank_median_s"]) == 2
     assert row["max_abs_diff"] < 1e-4 and row["speedup"] > 0
     assert row["fallbacks"] == [{}, {}] and row["graphs_captured"][0] == row["graphs_captured"][1] >= 1
+
+
+def test_graph_rank_check_config():
+    from fusegraph import CompilationConfig
+
+    assert CompilationConfig().graph_rank_check == "call"
+    assert CompilationConfig(graph_rank_check="capture").graph_rank_check == "capture"
+    with pytest.raises(ValueError, match="graph_rank_check"):
+        CompilationConfig(graph_rank_check="never")
