@@ -15,7 +15,9 @@ mode) and outputs a graph cannot return. A replaced parameter, buffer or submodu
 module argument) drops the captured graphs first (``guard_weights``). A capture that raises leaves no
 entry: with ``graph_fallback="eager"`` the signature runs ``fn`` uncaptured from then on, the reason counted
 in ``stats.fallbacks``; with "raise" the error propagates. Capture and replay of one runner are serialised by
-one lock, so several threads may share a runner.
+one lock, so several threads may share a runner. Multi-process (``torch.distributed`` initialised, a graph with
+collectives, or any function under ``process_group="auto"``): the ranks' tensor signatures are compared per call
+(``graph_rank_check="call"``) or per capture, and each capture's outcome is agreed (ranks.py).
 
 The backend's graph routes call ``compile_graph_route(gm, example_inputs, config, stats)``. Contract:
 
