@@ -421,12 +421,27 @@ void bind_graph(py::module_& m) {
              g.set_outputs(std::move(templates));
            })
       .def("finalize", &fg::HostGraph::finalize)
-      .def("run", [](fg::HostGraph& g, const std::vector<at::Tensor>& inputs) { return to_py_list(g.run(inputs)); })
+      // Without the GIL: a graph may hold collectives (c10d functional ops) whose backend threads (gloo's
+      // workers, a ProcessGroup's watchdog) take the GIL while this thread waits on them; holding it here
+      // deadlocked 2 runs in 10 on 2 gloo ranks. The GraphCache's call path releases it too.
+      .def("run",
+           [](fg::HostGraph& g, const std::vector<at::Tensor>& inputs) {
+             std::vector<c10::IValue> out;
+             {
+               py::gil_scoped_release nogil;
+               out = g.run(inputs);
+             }
+             return to_py_list(out);
+           })
       .def("run_timed",
            [](fg::HostGraph& g, const std::vector<at::Tensor>& inputs) {
              std::vector<double> seconds;
              double release_seconds = 0.0;
-             auto out = g.run_timed(inputs, &seconds, &release_seconds);
+             std::vector<c10::IValue> out;
+             {
+               py::gil_scoped_release nogil;
+               out = g.run_timed(inputs, &seconds, &release_seconds);
+             }
              return py::make_tuple(to_py_list(out), seconds, release_seconds);
            },
            "run() that also returns each instruction's own seconds (its callBoxed) and the seconds spent "

@@ -339,10 +339,11 @@ class Backend:
         if params:
             gm, keep = _parameters_to_attributes(gm, params)
             example_inputs = [example_inputs[i] for i in keep]
-        if route == "default" and self.config.inductor:
-            compiled = self._compile_inductor(gm, example_inputs, job)
-        else:
-            compiled = self._compile_aten(gm, example_inputs, job, route)
+        with _opaque_inputs_stay_inputs():  # Inductor's own freezing too
+            if route == "default" and self.config.inductor:
+                compiled = self._compile_inductor(gm, example_inputs, job)
+            else:
+                compiled = self._compile_aten(gm, example_inputs, job, route)
         if keep is not None:
             compiled = _pass_kept_args(compiled, keep)
         return job, compiled
@@ -411,6 +412,10 @@ class Backend:
                     job.record_ops(graph)
             if route != "default":
                 inputs = list(aot_inputs) if keep is None else [aot_inputs[i] for i in keep]
+                graph, unused = _drop_unused_opaque_inputs(graph, inputs)
+                if unused is not None:  # DTensor's DeviceMesh: a graph input no op reads; a runner cannot key it
+                    inputs = [inputs[i] for i in unused]
+                    keep = unused if keep is None else [keep[i] for i in unused]
                 runner = self._capture(graph, inputs)
                 return make_boxed_func(runner) if keep is None else _drop_frozen_args(runner, keep)
             return make_boxed_func(graph.forward) if keep is None else _drop_frozen_args(graph, keep)
@@ -431,12 +436,15 @@ class Backend:
         """Parameters folded into constants (torch._inductor.freezing.freeze); (gm, kept arg indices)."""
         from torch._inductor.freezing import freeze
 
+        # freeze edits the graph in place; a failure half-way must not leave the unfrozen fallback a graph with
+        # some inputs already turned into constants ("forward() takes 9 positional arguments but 11 were given")
+        pristine = torch.fx.GraphModule(aot_gm, copy.deepcopy(aot_gm.graph))
         try:
-            with _no_fp32_linear_packing():
+            with _no_fp32_linear_packing(), _opaque_inputs_stay_inputs():
                 frozen, keep = freeze(dynamo_gm, aot_gm, list(aot_inputs))
         except Exception as e:  # freezing is an optimisation: never fail a compile over it
             self._fallback(f"freezing failed ({type(e).__name__}: {e}); running unfrozen")
-            return aot_gm, None
+            return pristine, None
         return frozen, keep
 
     def _capture(self, fn, example_inputs):
@@ -650,9 +658,75 @@ class _FrozenGraph:
             return self.unfrozen
 
 
+def _is_opaque(x) -> bool:
+    """An opaque object Dynamo passes as a graph input (DTensor's ``DeviceMesh`` under tensor parallelism, a
+    ScriptObject): a constant of the program, not a symbolic size."""
+    try:
+        from torch._library.opaque_object import is_opaque_value
+    except ImportError:  # older torch
+        is_opaque_value = None
+    if is_opaque_value is not None and is_opaque_value(x):
+        return True
+    return isinstance(x, torch.ScriptObject) or type(x).__name__ in ("DeviceMesh", "FakeScriptObject")
+
+
+@contextlib.contextmanager
+def _opaque_inputs_stay_inputs():
+    """Freezing (``torch._inductor.freezing``) turns every lifted parameter into a constant. Under DTensor tensor
+    parallelism aot_autograd lifts each DTensor's ``DeviceMesh`` too, as an opaque object ("cannot assign
+    FakeScriptObject to buffer"); those stay graph inputs, the tensors are folded. Patched for the compile only
+    (under Dynamo's compile lock); Inductor's own freezing calls the same function."""
+    from torch._inductor import freezing
+
+    original = freezing.replace_params_with_constants
+
+    def replace(gm, flat_params, fw_metadata):
+        if all(isinstance(p, torch.Tensor) for p in flat_params):
+            return original(gm, flat_params, fw_metadata)
+        # torch's replace_params_with_constants (2.13), with non-tensors preserved like mutated/aliased inputs
+        placeholders = gm.graph.find_nodes(op="placeholder")
+        aliased = {o.base_idx for o in fw_metadata.output_info if o.base_idx is not None}
+        mutated = {i for i, m in enumerate(fw_metadata.input_info)
+                   if m.mutation_type in (freezing.MutationType.MUTATED_IN_GRAPH,
+                                          freezing.MutationType.MUTATED_OUT_GRAPH)}
+        preserved, static_new, offset = [], [], 0
+        for i, (real, node) in enumerate(zip(flat_params, placeholders)):
+            if i in mutated or i in aliased or not isinstance(real, torch.Tensor):
+                preserved.append(i)
+                if i in fw_metadata.static_input_indices:
+                    static_new.append(i - offset)
+            else:
+                freezing.replace_node_with_constant(gm, node, real)
+                offset += 1
+        preserved.extend(range(len(flat_params), len(placeholders)))
+        fw_metadata.static_input_indices = static_new
+        gm.recompile()
+        return preserved
+
+    freezing.replace_params_with_constants = replace
+    try:
+        yield
+    finally:
+        freezing.replace_params_with_constants = original
+
+
+def _drop_unused_opaque_inputs(gm, inputs):
+    """(gm, None), or (gm without the opaque inputs no node reads, indices of the inputs kept)."""
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    if len(placeholders) != len(inputs):
+        return gm, None
+    drop = {i for i, (n, x) in enumerate(zip(placeholders, inputs)) if _is_opaque(x) and not n.users}
+    if not drop:
+        return gm, None
+    for i in drop:
+        gm.graph.erase_node(placeholders[i])
+    gm.recompile()
+    return gm, [i for i in range(len(inputs)) if i not in drop]
+
+
 def _has_symbolic_inputs(gm, example_inputs) -> bool:
     """Dynamo compiled this graph for symbolic sizes (dynamic shapes): SymInt inputs or symbolic tensor sizes."""
-    if any(not isinstance(x, torch.Tensor) for x in example_inputs):
+    if any(not isinstance(x, torch.Tensor) and not _is_opaque(x) for x in example_inputs):
         return True
     for node in gm.graph.nodes:
         if node.op == "placeholder":

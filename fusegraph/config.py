@@ -227,6 +227,10 @@ class CompilationConfig(_ConfigBase):
                                                "bucket (the last row repeated), that bucket's graph is replayed and "
                                                "the outputs are sliced back; beyond the largest bucket the call runs "
                                                "uncaptured (stats.bucket_overflows). () = off.")
+    graph_rank_check = _Field("call", _choice("call", "capture"),
+                              "Multi-process graphs with collectives: 'call' compares the ranks' input signatures "
+                              "on every call (one tiny all_reduce; a rank that differs raises naming it, never "
+                              "hangs); 'capture' only before each capture (replay free of any exchange).")
     enable_freezing = _Field(True, _bool, "Fold parameters into constants before compiling (inference only: "
                                           "applies when autograd is off).")
     inductor = _Field(True, _bool, "Default route: hand the fused graph to Inductor's codegen; False: run it as "

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Device check, one call on a GPU machine (no network): build fusegraph._C with CUDA against the
 # installed torch, run the C++ tests, the op tests (CUDA and CPU), the graph-runtime tests, the decode and
-# op benchmarks on CUDA, and the fusion tests on that machine's torch.
+# op benchmarks on CUDA, the NCCL multi-process check (scripts/nccl_check.py), and the fusion tests on that
+# machine's torch.
 # Usage (repo root):  OUT=/some/dir scripts/device_check.sh     (OUT defaults to ./out)
 # Every step's output is tee'd to $OUT/<step>.log; a summary is printed at the end and written to
 # $OUT/summary.txt. Exit status: 0 when every step passed, else 1. Budget: BUDGET_S (470 s) for all steps.
@@ -188,6 +189,15 @@ if ! "$PY" -c "import diffusers" 2>/dev/null && ls wheels/diffusers-*.whl >/dev/
   DIFFUSERS_DIR="$(mktemp -d)"
   "$PY" -m pip install --quiet --no-deps --no-index --target "$DIFFUSERS_DIR" wheels/diffusers-*.whl &&
     export PYTHONPATH="$DIFFUSERS_DIR${PYTHONPATH:+:$PYTHONPATH}"
+fi
+# ---- multi-process (issue #9): NCCL, CUDA graphs with collectives inside, every rank capturing the same graph ----
+# 2 ranks when there are >= 2 GPUs; with 1 GPU the NCCL path runs with world size 1 (said in the log).
+NGPU="$("$PY" -c "import torch; print(min(2, torch.cuda.device_count()))" 2>/dev/null || echo 0)"
+if [ "$NGPU" -ge 1 ]; then
+  [ "$NGPU" -ge 2 ] || echo "nccl: one GPU: running the NCCL path with world size 1" | tee -a "$OUT/env.log"
+  step nccl 120 "$PY" -m torch.distributed.run --standalone --nproc-per-node "$NGPU" scripts/nccl_check.py
+else
+  skip nccl "no CUDA device"
 fi
 step fusion_tests 150 "$PY" -m pytest tests/fusion -q -p no:cacheprovider -rs
 

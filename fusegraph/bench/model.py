@@ -1,11 +1,12 @@
-"""``python -m fusegraph bench model --model flux|sd3|wan [--dtype fp32|bf16] [--json PATH]``
+"""``python -m fusegraph bench model --model flux|sd3|wan [--dtype fp32|bf16] [--json PATH] [--nproc N]``
 
 A small diffusers transformer with random weights (configs in the spirit of diffusers' own model tests, made big
 enough that timing means something and small enough to compile in seconds on 2 cores), run side by side:
 eager, ``torch.compile`` default (Inductor), fusegraph default (fusion + Inductor), fusegraph ``inductor=False``
 (fusion, fused aten ops) and the fusegraph graph route when a device graph is available. For each: compile
 time (first call), steady-state median (variants timed round-robin, one call each per round), speed-up over
-eager, max |diff| vs eager, fusion counts.
+eager, max |diff| vs eager, fusion counts. ``--nproc N``: the model under context parallelism on N ranks
+(fusegraph/bench/_parallel.py).
 """
 from __future__ import annotations
 
@@ -137,7 +138,12 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="also write the results as JSON to this path")
     p.add_argument("--variants", default="eager,inductor,fusegraph,fusegraph_aten,fusegraph_graph,graph_runner",
                    help="comma-separated subset of: " + ", ".join(VARIANTS))
+    p.add_argument("--nproc", type=int, default=1,
+                   help="N > 1: run the model under diffusers' Ulysses context parallelism on N ranks (gloo on CPU, "
+                        "NCCL on CUDA) and report per-rank medians and the speed-up over one process (flux, wan)")
     args = p.parse_args(argv)
+    if args.nproc < 1:
+        p.error(f"--nproc must be >= 1, got {args.nproc}")
 
     threads_before = torch.get_num_threads()
     if args.threads > 0:
@@ -153,7 +159,13 @@ def _run(args, variants_wanted) -> int:
     if unknown:
         print(f"unknown variant(s) {unknown}; choose from {list(VARIANTS)}", file=sys.stderr)
         return 2
-    result = benchmark_model(args.model, args.dtype, args.device, args.reps, variants_wanted)
+    if args.nproc > 1:
+        from ._parallel import benchmark_parallel
+
+        result = benchmark_parallel(args.model, args.dtype, args.device, args.reps, variants_wanted, args.nproc,
+                                    threads=args.threads)
+    else:
+        result = benchmark_model(args.model, args.dtype, args.device, args.reps, variants_wanted)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

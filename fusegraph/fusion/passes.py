@@ -289,6 +289,11 @@ def verify_inputs_for(graph_or_gm, inputs, params=None) -> tuple:
         params = (getattr(context, "params_flat", None) or []) if context is not None else []
     placeholders = graph.find_nodes(op="placeholder")
     inputs, params = list(inputs), list(params)
+    if len(placeholders) != len(params) + len(inputs):  # tensor subclass parameters (DTensor under tensor
+        context = torch._guards.TracingContext.try_get()  # parallelism) are placeholders as their inner parts
+        unwrapped = getattr(context, "params_flat_unwrap_subclasses", None) if context is not None else None
+        if unwrapped is not None and len(placeholders) == len(unwrapped) + len(inputs):
+            params = list(unwrapped)
     if len(placeholders) == len(inputs):
         candidates = inputs
     elif len(placeholders) == len(params) + len(inputs):
@@ -334,6 +339,8 @@ def _input_mismatch(val, real) -> Optional[str]:
         return None if isinstance(real, (int, float, bool)) else f"expected a number, got {type(real).__name__}"
     if isinstance(val, (int, float, bool)):
         return None if real == val else f"expected {val!r}, the example input is {real!r}"
+    if type(val).__name__ == "FakeScriptObject" and not isinstance(real, torch.Tensor):
+        return None  # an opaque object (DTensor's DeviceMesh): passed through as it is
     return f"no example value of a supported kind in the graph ({type(val).__name__})"
 
 
@@ -490,9 +497,16 @@ def _verified(graph: torch.fx.Graph, opts, inputs, stats, redundant: bool):
     """(opts, redundant) to fuse the graph with: ``opts`` without the families that changed the result of a fused
     copy of the graph on ``inputs``. The graph itself is not touched here, so it is fused once, with the families
     that passed: never half-fused."""
+    from fusegraph.graph.ranks import agree_any, group_for_graph
+
+    # A graph with collectives runs them in each verifier run: every rank must run as many, and undo the same
+    # families, whatever its own data says (fusegraph/graph/ranks.py). None: single process, nothing exchanged.
+    group = group_for_graph(graph)
     verifier = _Verifier(graph, inputs, redundant)
     ref, _, _ = verifier.run()
-    if isinstance(ref, Exception):
+    if agree_any(group, [isinstance(ref, Exception)])[0]:
+        if not isinstance(ref, Exception):
+            ref = RuntimeError("the unfused graph raised on another rank")
         _note(stats, f"verify skipped: the unfused graph did not run on the example inputs ({type(ref).__name__})",
               f": {ref}")
         return opts, redundant, None
@@ -500,8 +514,9 @@ def _verified(graph: torch.fx.Graph, opts, inputs, stats, redundant: bool):
     for _ in range(len(FAMILIES) + 1):
         out, counts, _ = verifier.run(_only(opts, allowed), allowed)
         why = _differs(ref, out)
-        if why is None:
+        if not agree_any(group, [why is not None])[0]:
             return _only(opts, allowed), redundant, allowed
+        why = why or "the result changed on another rank"
         active = [f for f in allowed if counts[f]]
         if not active:  # only the redundant-node pass ran
             _note(stats, "verify: the redundant-node pass changed the result; fusion left off for this graph",
@@ -514,6 +529,9 @@ def _verified(graph: torch.fx.Graph, opts, inputs, stats, redundant: bool):
             alone_sites[family] = sites
             if alone_why is not None:
                 culprits[family] = (alone_why, sites)
+        agreed = agree_any(group, [f in culprits for f in active])
+        culprits = {f: culprits.get(f, ("changed the result on another rank", alone_sites[f]))
+                    for f, bad in zip(active, agreed) if bad}
         if not culprits:  # wrong only together: undo every family that fused something
             culprits = {f: (f"together with {', '.join(a for a in active if a != f)}: {why}", alone_sites[f])
                         for f in active}

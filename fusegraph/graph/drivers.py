@@ -96,6 +96,7 @@ class HostDriver:
 # interleaved replays each): fusion decomposes what it cannot fuse (a plain LayerNorm, say) into the ops the
 # patterns are written against, which replays slower op by op than the native kernel.
 PLAIN_FASTER_BY = 0.10
+_COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d_functional", "_dtensor")
 _TIMED_REPLAYS = 3
 
 
@@ -103,6 +104,9 @@ def _faster(fused_gm, fused, plain_gm, work):
     """(gm, host graph, "fused" | "plain"): the faster of the fused and the plain host graph on ``work``."""
     import time
 
+    if any(n.op == "call_function" and getattr(n.target, "namespace", "") in _COLLECTIVE_NAMESPACES
+           for n in fused_gm.graph.nodes):
+        return fused_gm, fused, "fused"  # timed replays would run its collectives: the other ranks must not differ
     try:
         plain = build_host_graph(plain_gm)
     except Unsupported:

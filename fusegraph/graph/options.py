@@ -30,6 +30,7 @@ class GraphOptions:
     graph_only: bool         # True: capture the function as traced, unfused
     verify: bool             # check each fused family against the unfused graph on the capture's inputs
     graph_batch_buckets: tuple = ()  # () = off
+    graph_rank_check: str = "call"
 
     @classmethod
     def from_config(cls, config=None) -> "GraphOptions":

@@ -16,7 +16,9 @@ mode) and outputs a graph cannot return. A replaced parameter, buffer or submodu
 module argument) drops the captured graphs first (``guard_weights``). A capture that raises leaves no
 entry: with ``graph_fallback="eager"`` the signature runs ``fn`` uncaptured from then on, the reason counted
 in ``stats.fallbacks``; with "raise" the error propagates. Capture and replay of one runner are serialised by
-one lock, so several threads may share a runner.
+one lock, so several threads may share a runner. Multi-process (``torch.distributed`` initialised, a graph with
+collectives, or any function under ``process_group="auto"``): the ranks' tensor signatures are compared per call
+(``graph_rank_check="call"``) or per capture, and each capture's outcome is agreed (ranks.py).
 
 The backend's graph routes call ``compile_graph_route(gm, example_inputs, config, stats)``. Contract:
 
@@ -46,6 +48,7 @@ from torch.utils import _pytree as pytree
 from fusegraph import _C
 from fusegraph.stats import Stats
 
+from . import ranks
 from .buckets import graph_batch_spec, make_buckets
 from .drivers import select_driver, static_buffers
 from .host import single_overload
@@ -132,7 +135,7 @@ class GraphRunner:
     graph on CPU) and replay it afterwards. See the module docstring for the semantics."""
 
     def __init__(self, fn, config=None, *, stats: Stats | None = None, name: str | None = None,
-                 guard_weights: bool = True, batch_args=None):
+                 guard_weights: bool = True, batch_args=None, process_group="auto"):
         if not callable(fn):
             raise TypeError(f"fusegraph: GraphRunner needs a callable; got {type(fn).__name__}")
         self.fn = fn
@@ -156,6 +159,9 @@ class GraphRunner:
         self._specs: dict = {}  # argument TreeSpec -> its signature value
         # graph_batch_buckets: pad the batch up to a bucket, replay that bucket's graph, slice back (buckets.py)
         self._buckets = make_buckets(self, o.graph_batch_buckets, batch_args)
+        # Multi-process: the group whose ranks take every capture decision together (ranks.py); None: rank-local
+        self._group = ranks.group_for_runner(process_group, fn)
+        self._check_calls = self._group is not None and o.graph_rank_check == "call"
 
     # ---- calling ----
     def __call__(self, *args, **kwargs):
@@ -166,6 +172,8 @@ class GraphRunner:
     def _call(self, *args, **kwargs):
         debug = _log.isEnabledFor(logging.DEBUG)
         with self._lock:
+            if self._check_calls:  # multi-process, graph with collectives: ranks.py
+                self._check_ranks(args, kwargs)
             if self._fn_guard is not None:
                 self._check_weights(self._fn_guard, "fn")
             if not kwargs:  # fast path: flat positional tensors go to C++ as they are
@@ -187,6 +195,12 @@ class GraphRunner:
                 return self._eager(f"{res[6]}: only tensors, immutable values (numbers, strings, dtypes...) and "
                                    "modules/functions (by identity) key a graph; pass it as a tensor", args, kwargs)
             return self._finish(res, leaves, in_spec, args, kwargs)
+
+    def _check_ranks(self, args, kwargs) -> None:
+        """Raises on every rank of the group when the ranks' signatures differ: a rank that would replay while
+        another captures would run other collectives (a hang)."""
+        leaves = args if not kwargs else pytree.tree_flatten((args, kwargs))[0]
+        ranks.check_call(self._group, ranks.tensor_signature(leaves), self.name)
 
     def _spec_key(self, spec) -> str:
         """The argument structure as a signature value: each distinct TreeSpec (compared exactly) gets a
@@ -313,6 +327,8 @@ class GraphRunner:
 
     def _capture(self, leaves, in_spec, args, kwargs, *, lazy) -> bool:
         o = self.options
+        if self._group is not None:  # every rank captures the same signature now, or all raise (ranks.py)
+            ranks.check_signatures(self._group, ranks.tensor_signature(leaves), self.name)
         if not o.graph_recapture:
             err = self._cache.mismatch_error(leaves)
             if err:
@@ -334,6 +350,7 @@ class GraphRunner:
             tensors = dense
         flat_fn, out_box = self._flat_fn(leaves, in_spec, args, kwargs)
         t0 = time.perf_counter()
+        failure = None
         try:
             # real tensors only: a compile-time capture runs inside aot_autograd, whose FakeTensorMode would
             # turn the graph's own factory ops (a graph of constants, like Mochi's position tables) into fakes
@@ -353,8 +370,19 @@ class GraphRunner:
                     if cap.info.get("chose") == "plain":  # the unfused trace replayed faster: its sites unused
                         self.stats.add_lowered(counts)
         except Exception as e:  # a host sync, an uncapturable op, out of memory...
+            failure = e
+        if self._group is not None:  # the outcome is the same on every rank: all keep the graph, or none does
+            failed_ranks, memory = ranks.agree_capture(self._group, failure is not None,
+                                                       0 if failure is not None else cap.memory_bytes)
+            if failure is None and failed_ranks:
+                failure = _Uncapturable(f"capture failed on rank(s) {failed_ranks}; every rank of the group runs "
+                                        "this signature uncaptured")
+            elif failure is None:
+                cap.memory_bytes = memory  # the largest: memory-budget eviction evicts alike on every rank
+        if failure is not None:
+            e = failure
             if o.graph_fallback == "raise" and not isinstance(e, _Uncapturable):
-                raise
+                raise e
             if isinstance(e, _Uncapturable):
                 if o.graph_fallback == "raise":
                     raise RuntimeError(f"fusegraph: {self.name}: cannot capture this call: {e}") from None

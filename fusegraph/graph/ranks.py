@@ -1,0 +1,204 @@
+"""Ranks in step (multi-process inference under ``torchrun``).
+
+A graph that contains collectives (``_c10d_functional.all_to_all_single`` / ``all_gather_into_tensor`` /
+``all_reduce`` + ``wait_tensor``: diffusers' context parallelism, DTensor tensor parallelism) must run the same
+collectives in the same order on every rank of their group, or the job hangs. Replaying a captured graph runs
+them exactly as the eager program would; what can differ are the runtime's own *decisions*: capture (its warm-up
+runs execute the function, collectives included), recapture, eviction, fallback to eager after a failed capture,
+and verify's undo of a pattern family. Every such decision is taken identically on all ranks:
+
+- capture is decided by the input signature; the ranks compare the tensor part of it (shapes, dtypes, device
+  types: ``tensor_signature``) on every call (``graph_rank_check="call"``: one all_reduce of two int64) or only
+  before each capture (``"capture"``: one ``all_gather`` of an int64) and, when they differ, every rank raises a
+  ``RuntimeError`` naming each rank's signature (never a hang, never a capture on some ranks only). Non-tensor
+  values are not compared: they may differ by rank within one program (a rank's sequence offset under context
+  parallelism);
+- a capture's outcome is agreed: one ``all_gather`` of (failed, measured memory); a failure on any rank makes
+  every rank drop its capture and fall back (or raise) for that signature, naming the rank that failed; the
+  memory each rank records is the maximum over the ranks, so memory-budget eviction evicts the same entries;
+- FIFO/LRU eviction and recapture depend only on the sequence of signatures, which is the same on all ranks;
+- verify (``CompilationConfig.verify``) agrees on each "differs" and each undone family (``agree_any``).
+
+When: only when ``torch.distributed`` is initialised with more than one rank *and* the graph contains collectives
+(for aten graphs: a ``_c10d_functional``/``c10d`` op in it; the group is the one those ops name, or the default
+group when they name several). A graph without collectives stays rank-local (a rank may compile and capture
+things the others do not), and a single process pays nothing: no check runs at all. A ``GraphRunner`` around an
+arbitrary Python function cannot be inspected before it runs: it agrees over the default group when distributed
+is initialised (``process_group="auto"``), unless given ``process_group=None`` (rank-local) or a group.
+
+These checks run only when a signature is new (a capture), never on a replay: the replay path stays free of host
+synchronisation. Rank-local events a runtime cannot see coming (a rank replacing its weights alone) are the
+program's to keep in step, exactly as in eager mode.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+
+import torch
+
+_COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d_functional", "c10d", "_dtensor")
+
+
+def distributed_world() -> bool:
+    """torch.distributed is initialised with more than one rank."""
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def collective_groups(gm) -> list | None:
+    """The group names the collectives of an FX graph use (``[]``: none; ``None``: collectives whose group cannot
+    be read, e.g. the in-place ``c10d`` ops that take a ProcessGroup object)."""
+    from .host import single_overload
+
+    graph = gm.graph if isinstance(gm, torch.fx.GraphModule) else gm
+    names, unknown = set(), False
+    for n in graph.nodes:
+        op = single_overload(n.target) if n.op == "call_function" else None
+        if op is None or op._schema.name.split("::", 1)[0] not in _COLLECTIVE_NAMESPACES:
+            continue
+        if op._schema.name.endswith("::wait_tensor"):
+            continue
+        bound = dict(zip((a.name for a in op._schema.arguments), n.args))
+        bound.update(n.kwargs)
+        if isinstance(bound.get("group_name"), str):
+            names.add(bound["group_name"])
+        else:
+            unknown = True
+    return None if unknown else sorted(names)
+
+
+def group_for_graph(gm):
+    """The process group whose ranks must agree on this graph's decisions, or None (no collectives, or not
+    distributed)."""
+    if not distributed_world():
+        return None
+    names = collective_groups(gm)
+    if names == []:
+        return None
+    if names and len(names) == 1:
+        try:
+            from torch.distributed.distributed_c10d import _resolve_process_group
+
+            return _resolve_process_group(names[0])
+        except Exception:  # an unregistered name: the default group is a safe superset
+            pass
+    return torch.distributed.group.WORLD
+
+
+def group_for_runner(process_group, fn):
+    """The group a GraphRunner agrees over: ``process_group`` "auto" → the graph's (aten graphs) or the default
+    group (any other function) when distributed; None → rank-local; a group → that group."""
+    if process_group is None:
+        return None
+    if process_group != "auto":
+        return process_group
+    if not distributed_world():
+        return None
+    if isinstance(fn, torch.fx.GraphModule):
+        return group_for_graph(fn)
+    return torch.distributed.group.WORLD
+
+
+def _comm_device(group) -> torch.device:
+    """Where the agreement tensors live: CPU for gloo, the current CUDA device for NCCL (a communicator that
+    cannot take CPU tensors)."""
+    dist = torch.distributed
+    try:
+        backend = dist.get_backend(group)
+    except Exception:
+        backend = "gloo"
+    if "nccl" in str(backend) and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    if "hccl" in str(backend) and hasattr(torch, "npu"):
+        return torch.device("npu", torch.npu.current_device())
+    return torch.device("cpu")
+
+
+def _all_gather_ints(values: list, group) -> list:
+    """Each rank's ``values`` (the same length on every rank), as a list per rank."""
+    dist = torch.distributed
+    device = _comm_device(group)
+    mine = torch.tensor(values, dtype=torch.int64, device=device)
+    world = dist.get_world_size(group)
+    out = torch.empty(world * len(values), dtype=torch.int64, device=device)
+    dist.all_gather_into_tensor(out, mine, group=group)
+    return out.view(world, len(values)).tolist()
+
+
+def _normalise(description: str) -> str:
+    """A signature as it compares across ranks: device indices (each rank its own GPU) and object addresses
+    (modules keyed by identity) are rank-local."""
+    description = re.sub(r"\b(cuda|npu|xpu|hpu):\d+", r"\1", description)
+    return re.sub(r"0x[0-9a-fA-F]+", "0x?", description)
+
+
+def tensor_signature(leaves) -> str:
+    """What must be the same on every rank: the tensor arguments' shapes, dtypes and device types. Non-tensor
+    values may differ by rank and still be one program: under context parallelism Dynamo passes each rank's
+    sequence offset as an int (rank 0's specialised away, rank 1's 384), so they are not compared."""
+    from fusegraph import _C
+
+    return _C.graph.GraphCache.describe_signature([x for x in leaves if isinstance(x, torch.Tensor)])
+
+
+def signature_hash(description: str) -> int:
+    digest = hashlib.sha256(_normalise(description).encode()).digest()
+    return int.from_bytes(digest[:8], "little", signed=True)
+
+
+def check_signatures(group, description: str, what: str) -> None:
+    """Raises on every rank when the ranks of ``group`` are about to capture different input signatures."""
+    dist = torch.distributed
+    hashes = [row[0] for row in _all_gather_ints([signature_hash(description)], group)]
+    if len(set(hashes)) == 1:
+        return
+    descriptions = [None] * dist.get_world_size(group)
+    dist.all_gather_object(descriptions, description, group=group)
+    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(len(hashes)))
+    counts = {h: hashes.count(h) for h in hashes}
+    common = max(counts, key=lambda h: (counts[h], -hashes.index(h)))
+    odd = [ranks[i] for i, h in enumerate(hashes) if h != common]
+    listing = "; ".join(f"rank {ranks[i]}: {d}" for i, d in enumerate(descriptions))
+    raise RuntimeError(
+        f"fusegraph: {what}: the ranks called with different input signatures, so they would capture and run "
+        f"different graphs (and their collectives would not match). Rank(s) {odd} differ from the others. "
+        f"Signatures: {listing}. Every rank must call the compiled function with the same shapes, dtypes and "
+        f"non-tensor values (this rank: {dist.get_rank()})")
+
+
+def check_call(group, description: str, what: str) -> None:
+    """The per-call form of ``check_signatures`` (``graph_rank_check="call"``): one all_reduce(MAX) of
+    (hash, -hash); only when the ranks differ are the signatures gathered, and every rank raises."""
+    dist = torch.distributed
+    h = signature_hash(description)
+    t = torch.tensor([h, -h], dtype=torch.int64, device=_comm_device(group))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    if t[0].item() == -t[1].item():  # max == min: every rank has this hash
+        return
+    check_signatures(group, description, what)
+    raise AssertionError("fusegraph: the ranks' signature hashes differ, their signatures do not")  # not reached
+
+
+def agree_capture(group, failed: bool, memory_bytes: int) -> tuple[list, int]:
+    """(global ranks whose capture failed, the largest memory any rank measured)."""
+    dist = torch.distributed
+    rows = _all_gather_ints([int(failed), int(memory_bytes)], group)
+    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(len(rows)))
+    failed_ranks = [ranks[i] for i, (f, _) in enumerate(rows) if f]
+    return failed_ranks, max(m for _, m in rows)
+
+
+def agree_any(group, flags: list) -> list:
+    """Element-wise OR of ``flags`` (bools, the same length on every rank) over ``group``; ``flags`` itself when
+    ``group`` is None."""
+    if group is None:
+        return list(flags)
+    dist = torch.distributed
+    t = torch.tensor([int(bool(f)) for f in flags], dtype=torch.int64, device=_comm_device(group))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return [bool(v) for v in t.tolist()]
+
+
+__all__ = ["agree_any", "agree_capture", "check_signatures", "collective_groups", "distributed_world",
+           "group_for_graph", "group_for_runner", "signature_hash", "tensor_signature"]
