@@ -371,10 +371,10 @@ def capture_failure_in_step():
 
     original = drivers.HostDriver.capture
 
-    def failing(self, flat_fn, tensors, options, graph=None):
+    def failing(self, flat_fn, tensors, options, graph=None, **kwargs):
         # after the warm-up run (which ran the collectives on every rank), as an out-of-memory while instantiating
         # the graph would; a failure *while* collectives run is as fatal as in eager mode (docs/DESIGN.md)
-        cap = original(self, flat_fn, tensors, options, graph)
+        cap = original(self, flat_fn, tensors, options, graph, **kwargs)
         if RANK == 1:
             raise RuntimeError("injected capture failure on rank 1")
         return cap
