@@ -45,8 +45,8 @@ Rules (one count per site):
   0.044715)))`` (either operand order). ``gelu(approximate="none")`` (erf) and ``x * sigmoid(1.702 x)`` are not.
 - **mul_add** — ``a * b + c``: an ``add`` (no alpha) with a floating result, ``c + p`` in either order, where ``p``
   is a ``mul`` whose only user is that add, and ``a``, ``b``, ``c`` are tensors of the result's dtype or (``a`` or
-  ``b``) a Python number (``x * scalar + y``) — broadcasting in any direction (gated residual ``residual + gate * y``
-  with a ``[B, 1, D]`` gate, a per-token gate, a LayerNorm's affine ``n * w + b`` when no modulation follows). Also
+  ``b``) a Python number other than 1 (``x * scalar + y``; ``x * 1 + y`` is Inductor's one-row addmm) —
+  broadcasting in any direction (gated residual ``residual + gate * y`` with a ``[B, 1, D]`` gate, a per-token gate, a LayerNorm's affine ``n * w + b`` when no modulation follows). Also
   Wan's ``(h.float() + y.float() * gate).type_as(h)`` (fp32 add of upcasts, cast back to h's dtype). Mixed dtypes
   otherwise are not a site (eager rounds the product before the add; one fused rounding would differ). Excluded:
   nodes of another family's site — a RoPE combine (``x * cos + rot(x) * sin``), the GELU polynomial
@@ -471,7 +471,9 @@ def mul_add_sites(graph, claimed):
                 continue
             tensors = [x for x in (a, b, c) if isinstance(x, Node)]
             same = all(is_float(x) and val(x).dtype == dtype for x in tensors)
-            if (same and all(isinstance(x, Node) or scalar(x) for x in (a, b))) or _wan_form(n, p, c):
+            # x * 1 + y is x + y, no product (Inductor's decomposition of a one-row addmm: sum(...) * 1 + bias)
+            by_one = any(not isinstance(x, Node) and x == 1 for x in (a, b))
+            if (same and not by_one and all(isinstance(x, Node) or scalar(x) for x in (a, b))) or _wan_form(n, p, c):
                 count += 1
                 claimed.update((n, p))
                 break

@@ -38,8 +38,10 @@ def _same_dtype_check(tensor_names, scalar_name=None):
         if not all(_tensor_of(match.kwargs[n], first.dtype) for n in tensor_names):
             return False
         if scalar_name is not None:
+            # ``x * 1 + y`` is ``x + y``: no product to fuse (Inductor's decomposition of a one-row addmm writes
+            # ``sum(...) * 1 + bias``, which is a linear, not a site)
             s = match.kwargs[scalar_name]
-            return isinstance(s, numbers.Real) and not isinstance(s, bool)
+            return isinstance(s, numbers.Real) and not isinstance(s, bool) and s != 1
         return True
 
     return check
