@@ -17,6 +17,7 @@
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <type_traits>
@@ -112,151 +113,187 @@ C10_ALWAYS_INLINE void sum_deviations(const T_x* xr, const fVec& mean_v, int64_t
   sum_q = q0 + q1;
 }
 
-template <typename T_x, typename T_m, typename T_out>
-void adaln_rows(const AdalnKernelArgs& p) {
-  constexpr int64_t kB = VecIO<float>::kBlock;
-  const int64_t D = p.D;
-  const T_x* x = static_cast<const T_x*>(p.x);
-  const T_m* scale = static_cast<const T_m*>(p.scale);
-  const T_m* shift = static_cast<const T_m*>(p.shift);
-  T_out* out = static_cast<T_out*>(p.out);
-  const float* w = p.weight;
-  const float* bias = p.bias;
-  const double eps = p.eps;
+// A row's statistics: pass 3 computes ((x - mean) - corr) * rstd (LayerNorm) or x * rstd (RMSNorm; mean and
+// corr stay 0).
+struct RowStats {
+  fVec mean{0.0f};
+  fVec corr{0.0f};
+  fVec rstd;
+};
+
+// Passes 1 and 2 of one row.
+// Pass 1: sum in float32 vectors (a row longer than kSumChunk adds its chunk sums in double).
+// Pass 2 (from cache): deviations d = x - mean. sum(d) corrects the float32 rounding of the mean (it
+// matters for rows whose mean is large against their spread), sum(d^2) gives the variance.
+// corr, applied as (x - mean) - corr: the float32 mean of a row near 1000 is off by up to 3e-5; its
+// correction is applied to the exact difference instead of being rounded into the mean.
+template <typename T_x>
+C10_ALWAYS_INLINE RowStats row_stats(const T_x* xr, int64_t D, double eps, bool rms) {
   const float d_f = static_cast<float>(D);
+  RowStats st;
+  if (rms) {
+    // RMSNorm: as eager, mean of squares in float32, + eps in float32.
+    float ss;
+    if (D <= kSumChunk) {
+      ss = sum_squares_row(xr, 0, D);
+    } else {
+      double total = 0.0;
+      for (int64_t c0 = 0; c0 < D; c0 += kSumChunk) {
+        total += static_cast<double>(sum_squares_row(xr, c0, std::min(D, c0 + kSumChunk)));
+      }
+      ss = static_cast<float>(total);
+    }
+    st.rstd = fVec(1.0f / std::sqrt(ss / d_f + static_cast<float>(eps)));
+    return st;
+  }
+  double var;
+  if (D <= kSumChunk) {
+    st.mean = fVec(sum_row(xr, 0, D) / d_f);
+    fVec lanes_d(0.0f), lanes_q(0.0f);
+    sum_deviations(xr, st.mean, 0, D, lanes_d, lanes_q);
+    const float sum_d = sum_lanes(lanes_d);
+    var = std::max(0.0f, (sum_lanes(lanes_q) - sum_d * (sum_d / d_f)) / d_f);
+    st.corr = fVec(sum_d / d_f);
+  } else {
+    double sum_x = 0.0, sum_d = 0.0, sum_q = 0.0;
+    for (int64_t c0 = 0; c0 < D; c0 += kSumChunk) {
+      sum_x += static_cast<double>(sum_row(xr, c0, std::min(D, c0 + kSumChunk)));
+    }
+    const double d_d = static_cast<double>(D);
+    st.mean = fVec(static_cast<float>(sum_x / d_d));
+    for (int64_t c0 = 0; c0 < D; c0 += kSumChunk) {
+      fVec lanes_d(0.0f), lanes_q(0.0f);
+      sum_deviations(xr, st.mean, c0, std::min(D, c0 + kSumChunk), lanes_d, lanes_q);
+      sum_d += static_cast<double>(sum_lanes(lanes_d));
+      sum_q += static_cast<double>(sum_lanes(lanes_q));
+    }
+    var = std::max(0.0, (sum_q - sum_d * (sum_d / d_d)) / d_d);
+    st.corr = fVec(static_cast<float>(sum_d / d_d));
+  }
+  st.rstd = fVec(static_cast<float>(1.0 / std::sqrt(var + eps)));
+  return st;
+}
+
+// Rows [r0, r1) of one parallel task. Every value the loops read is a local of this function: captured by
+// reference in the parallel_for lambda, they were reloaded from memory for every block (vector stores may alias
+// anything). Short rows go in groups of row_group(D): the statistics of every row of the group, then pass 3 of
+// each. A LayerNorm row's statistics are a chain of horizontal sums, divisions and a double square root (~150
+// cycles for a 128-wide row whose loads take ~10); independent rows let those chains overlap. Each row is
+// computed exactly as alone.
+template <typename T_x, typename T_m, typename T_out>
+void adaln_task(const AdalnKernelArgs& p, int64_t r0, int64_t r1) {
+  constexpr int64_t kB = VecIO<float>::kBlock;
   static_assert(kSumChunk % kB == 0);
+  const int64_t D = p.D;
+  const T_x* const x = static_cast<const T_x*>(p.x);
+  const T_m* const scale = static_cast<const T_m*>(p.scale);
+  const T_m* const shift = static_cast<const T_m*>(p.shift);
+  T_out* const out = static_cast<T_out*>(p.out);
+  const float* const w = p.weight;
+  const float* const bias = p.bias;
+  const double eps = p.eps;
+  const bool rms = p.rms;
+  const bool has_add = shift != nullptr || bias != nullptr;
   // Round D up to whole blocks so full-block stores/loads of the cached vectors stay inside them.
   const int64_t mod_len = at::divup(D, kB) * kB;
+  const int64_t group = row_group(D);
 
-  at::parallel_for(0, p.rows, row_grain(D), [&](int64_t r0, int64_t r1) {
-    // The modulation folded with the affine, in float32, for the scale/shift rows at cached_off (none yet):
-    // mul = w * (1 + scale) and add = b * (1 + scale) + shift (w = 1, b = 0, shift = 0 when absent), so
-    // pass 3 reads two cached vectors besides x's row (reading w, b, 1 + scale, shift and a widened row there,
-    // a 3072-wide row's working set outgrew L1: bf16 RMSNorm modulation ran at 1.9x fusegraph.rms_norm's time).
-    std::unique_ptr<float[]> mod(new float[2 * mod_len]);
-    float* const mul_f = mod.get();
-    float* const add_f = mod.get() + mod_len;
-    const bool has_add = shift != nullptr || bias != nullptr;
-    int64_t cached_off[2] = {-1, -1};
-    for (int64_t r = r0; r < r1; ++r) {
-      int64_t off[3];
-      p.layout->offsets(r, off);
-      const T_x* xr = x + off[0];
-      T_out* o = out + r * D;
-      if (off[1] != cached_off[0] || off[2] != cached_off[1]) {
-        const T_m* sc = scale + off[1];
-        const fVec one(1.0f);
-        for (int64_t j = 0; j < D; j += kB) {
-          const int64_t n = std::min(kB, D - j);
-          fVec sca, scb;
-          load_block(sc + j, sca, scb, n);
-          const fVec s1a = one + sca, s1b = one + scb;
-          fVec ma = s1a, mb = s1b;
-          if (w != nullptr) {
-            fVec wa, wb;
-            load_block(w + j, wa, wb, n);
-            ma = wa * s1a;
-            mb = wb * s1b;
-          }
-          VecIO<float>::store(mul_f + j, ma, mb);  // whole blocks: padded buffers
-          if (has_add) {
-            fVec aa(0.0f), ab(0.0f);
-            if (shift != nullptr) load_block(shift + off[2] + j, aa, ab, n);
-            if (bias != nullptr) {
-              fVec ba, bb;
-              load_block(bias + j, ba, bb, n);
-              aa = at::vec::fmadd(ba, s1a, aa);
-              ab = at::vec::fmadd(bb, s1b, ab);
-            }
-            VecIO<float>::store(add_f + j, aa, ab);
-          }
-        }
-        cached_off[0] = off[1];
-        cached_off[1] = off[2];
+  // The modulation folded with the affine, in float32, for the scale/shift rows at cached_off (none yet):
+  // mul = w * (1 + scale) and add = b * (1 + scale) + shift (w = 1, b = 0, shift = 0 when absent), so
+  // pass 3 reads two cached vectors besides x's row (reading w, b, 1 + scale, shift and a widened row there,
+  // a 3072-wide row's working set outgrew L1: bf16 RMSNorm modulation ran at 1.9x fusegraph.rms_norm's time).
+  std::unique_ptr<float[]> mod(new float[2 * mod_len]);
+  float* const mul_f = mod.get();
+  float* const add_f = mod.get() + mod_len;
+  int64_t cached_off[2] = {-1, -1};
+  const auto fold_modulation = [&](int64_t scale_off, int64_t shift_off) {
+    const T_m* sc = scale + scale_off;
+    const fVec one(1.0f);
+    for (int64_t j = 0; j < D; j += kB) {
+      const int64_t n = std::min(kB, D - j);
+      fVec sca, scb;
+      load_block(sc + j, sca, scb, n);
+      const fVec s1a = one + sca, s1b = one + scb;
+      fVec ma = s1a, mb = s1b;
+      if (w != nullptr) {
+        fVec wa, wb;
+        load_block(w + j, wa, wb, n);
+        ma = wa * s1a;
+        mb = wb * s1b;
       }
-      // Pass 1: sum in float32 vectors (a row longer than kSumChunk adds its chunk sums in double).
-      // Pass 2 (from cache): deviations d = x - mean. sum(d) corrects the float32 rounding of the mean (it
-      // matters for rows whose mean is large against their spread), sum(d^2) gives the variance.
-      // corr, applied as (x - mean) - corr: the float32 mean of a row near 1000 is off by up to 3e-5; its
-      // correction is applied to the exact difference instead of being rounded into the mean.
-      fVec mean_v(0.0f), corr(0.0f);
-      fVec rstd;
-      if (p.rms) {
-        // RMSNorm: mean and corr stay 0. As eager: mean of squares in float32, + eps in float32.
-        float ss;
-        if (D <= kSumChunk) {
-          ss = sum_squares_row(xr, 0, D);
-        } else {
-          double total = 0.0;
-          for (int64_t c0 = 0; c0 < D; c0 += kSumChunk) {
-            total += static_cast<double>(sum_squares_row(xr, c0, std::min(D, c0 + kSumChunk)));
-          }
-          ss = static_cast<float>(total);
+      VecIO<float>::store(mul_f + j, ma, mb);  // whole blocks: padded buffers
+      if (has_add) {
+        fVec aa(0.0f), ab(0.0f);
+        if (shift != nullptr) load_block(shift + shift_off + j, aa, ab, n);
+        if (bias != nullptr) {
+          fVec ba, bb;
+          load_block(bias + j, ba, bb, n);
+          aa = at::vec::fmadd(ba, s1a, aa);
+          ab = at::vec::fmadd(bb, s1b, ab);
         }
-        rstd = fVec(1.0f / std::sqrt(ss / d_f + static_cast<float>(eps)));
-      } else {
-        double var;
-        if (D <= kSumChunk) {
-          mean_v = fVec(sum_row(xr, 0, D) / d_f);
-          fVec lanes_d(0.0f), lanes_q(0.0f);
-          sum_deviations(xr, mean_v, 0, D, lanes_d, lanes_q);
-          const float sum_d = sum_lanes(lanes_d);
-          var = std::max(0.0f, (sum_lanes(lanes_q) - sum_d * (sum_d / d_f)) / d_f);
-          corr = fVec(sum_d / d_f);
-        } else {
-          double sum_x = 0.0, sum_d = 0.0, sum_q = 0.0;
-          for (int64_t c0 = 0; c0 < D; c0 += kSumChunk) {
-            sum_x += static_cast<double>(sum_row(xr, c0, std::min(D, c0 + kSumChunk)));
-          }
-          const double d_d = static_cast<double>(D);
-          mean_v = fVec(static_cast<float>(sum_x / d_d));
-          for (int64_t c0 = 0; c0 < D; c0 += kSumChunk) {
-            fVec lanes_d(0.0f), lanes_q(0.0f);
-            sum_deviations(xr, mean_v, c0, std::min(D, c0 + kSumChunk), lanes_d, lanes_q);
-            sum_d += static_cast<double>(sum_lanes(lanes_d));
-            sum_q += static_cast<double>(sum_lanes(lanes_q));
-          }
-          var = std::max(0.0, (sum_q - sum_d * (sum_d / d_d)) / d_d);
-          corr = fVec(static_cast<float>(sum_d / d_d));
-        }
-        rstd = fVec(static_cast<float>(1.0 / std::sqrt(var + eps)));
-      }
-
-      // Pass 3 (x again, from cache): normalise — the LayerNorm row centred, the RMSNorm row only scaled —, then
-      // the affine and the modulation as one fmadd (n * mul + add), one store.
-      const auto modulate = [&](const auto* src, auto centre) {
-        for (int64_t j = 0; j < D; j += kB) {
-          const int64_t n = std::min(kB, D - j);
-          fVec a, b;
-          load_block(src + j, a, b, n);
-          if constexpr (decltype(centre)::value) {
-            a = ((a - mean_v) - corr) * rstd;
-            b = ((b - mean_v) - corr) * rstd;
-          } else {
-            a = a * rstd;
-            b = b * rstd;
-          }
-          fVec ma, mb;
-          VecIO<float>::load(mul_f + j, ma, mb);
-          if (has_add) {
-            fVec aa, ab;
-            VecIO<float>::load(add_f + j, aa, ab);
-            a = at::vec::fmadd(a, ma, aa);
-            b = at::vec::fmadd(b, mb, ab);
-          } else {
-            a = a * ma;
-            b = b * mb;
-          }
-          store_block(o + j, a, b, n);
-        }
-      };
-      if (p.rms) {
-        modulate(xr, std::false_type{});
-      } else {
-        modulate(xr, std::true_type{});
+        VecIO<float>::store(add_f + j, aa, ab);
       }
     }
-  });
+    cached_off[0] = scale_off;
+    cached_off[1] = shift_off;
+  };
+
+  // Pass 3 (x again, from cache): normalise — the LayerNorm row centred, the RMSNorm row only scaled —, then
+  // the affine and the modulation as one fmadd (n * mul + add), one store.
+  const auto modulate = [&](const T_x* src, T_out* o, const RowStats& st, auto centre) {
+    // Register copies: read through `st` (a stack array), they were loaded from memory for every block.
+    const fVec mean = st.mean, corr = st.corr, rstd = st.rstd;
+    for (int64_t j = 0; j < D; j += kB) {
+      const int64_t n = std::min(kB, D - j);
+      fVec a, b;
+      load_block(src + j, a, b, n);
+      if constexpr (decltype(centre)::value) {
+        a = ((a - mean) - corr) * rstd;
+        b = ((b - mean) - corr) * rstd;
+      } else {
+        a = a * rstd;
+        b = b * rstd;
+      }
+      fVec ma, mb;
+      VecIO<float>::load(mul_f + j, ma, mb);
+      if (has_add) {
+        fVec aa, ab;
+        VecIO<float>::load(add_f + j, aa, ab);
+        a = at::vec::fmadd(a, ma, aa);
+        b = at::vec::fmadd(b, mb, ab);
+      } else {
+        a = a * ma;
+        b = b * mb;
+      }
+      store_block(o + j, a, b, n);
+    }
+  };
+
+  RowLayout::Cursor cursor(*p.layout, r0);
+  for (int64_t r = r0; r < r1; r += group) {
+    const int64_t g = std::min(group, r1 - r);
+    int64_t off[kMaxRowGroup][3];
+    RowStats st[kMaxRowGroup];
+    for (int64_t k = 0; k < g; ++k) {
+      for (int t = 0; t < 3; ++t) off[k][t] = cursor[t];
+      cursor.next();
+      st[k] = row_stats(x + off[k][0], D, eps, rms);
+    }
+    for (int64_t k = 0; k < g; ++k) {
+      if (off[k][1] != cached_off[0] || off[k][2] != cached_off[1]) fold_modulation(off[k][1], off[k][2]);
+      if (rms) {
+        modulate(x + off[k][0], out + (r + k) * D, st[k], std::false_type{});
+      } else {
+        modulate(x + off[k][0], out + (r + k) * D, st[k], std::true_type{});
+      }
+    }
+  }
+}
+
+template <typename T_x, typename T_m, typename T_out>
+void adaln_rows(const AdalnKernelArgs& p) {
+  at::parallel_for(0, p.rows, row_grain(p.D),
+                   [&p](int64_t r0, int64_t r1) { adaln_task<T_x, T_m, T_out>(p, r0, r1); });
 }
 
 template <typename T_x, typename T_m>

@@ -11,6 +11,7 @@
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <type_traits>
@@ -64,9 +65,7 @@ C10_ALWAYS_INLINE float sum_squares(const T_x* xr, float* bp, int64_t i0, int64_
   return sum_lanes((s0 + s1) + (s2 + s3));
 }
 
-// A row longer than kSumChunk: sum_squares per chunk, the chunk sums added in double. Out of line, and the
-// short-row loop below stays written out as before: with sum_squares inlined there, 4096 x 3072 bf16 rows
-// ran about 7% slower (code generation; 1 thread, AVX512).
+// A row longer than kSumChunk: sum_squares per chunk, the chunk sums added in double.
 template <typename T_x>
 C10_NOINLINE float sum_squares_chunked(const T_x* xr, float* bp, int64_t D) {
   double total = 0.0;
@@ -76,16 +75,22 @@ C10_NOINLINE float sum_squares_chunked(const T_x* xr, float* bp, int64_t D) {
   return static_cast<float>(total);
 }
 
+// Rows [r0, r1) of one parallel task. Every value the loops read is a local of this function: captured by
+// reference in the parallel_for lambda, they were reloaded from memory for every block (vector stores may alias
+// anything), and a 128-wide float32 row took ~2x the time of Inductor's loop.
+// Short rows go in groups of row_group(D): pass 1 of every row of the group, then pass 2 of each. A row's
+// statistic is a chain of a horizontal sum, a division, a square root and a reciprocal (~60 cycles for a 128-wide
+// row whose loads take ~10); independent rows let those chains overlap. Each row is computed exactly as alone.
 template <typename T_x, typename T_out>
-void rms_norm_rows(const RmsNormKernelArgs& p) {
+void rms_norm_task(const RmsNormKernelArgs& p, int64_t r0, int64_t r1) {
   static_assert(VecIO<T_x>::kBlock == VecIO<T_out>::kBlock && VecIO<T_x>::kBlock == VecIO<float>::kBlock);
   constexpr int64_t kB = VecIO<float>::kBlock;
   static_assert(kSumChunk % (2 * kB) == 0);
   const int64_t D = p.D;
-  const T_x* x = static_cast<const T_x*>(p.x);
-  T_out* out = static_cast<T_out*>(p.out);
-  const float* w = p.weight;
-  const float* bias = p.bias;
+  const T_x* const x = static_cast<const T_x*>(p.x);
+  T_out* const out = static_cast<T_out*>(p.out);
+  const float* const w = p.weight;
+  const float* const bias = p.bias;
   const bool round_bf16 = p.round_dtype == at::kBFloat16;
   const bool round_half = p.round_dtype == at::kHalf;
   const float eps = static_cast<float>(p.eps);  // eager: float32 mean + eps in float32
@@ -93,58 +98,36 @@ void rms_norm_rows(const RmsNormKernelArgs& p) {
   constexpr bool kWiden = !std::is_same_v<T_x, float>;  // keep a float32 copy of the row
   // Whole blocks, so full-block loads/stores of the buffer stay inside it.
   const int64_t buf_len = kWiden ? at::divup(D, kB) * kB : 0;
+  const int64_t group = row_group(D);
+  std::unique_ptr<float[]> buf(kWiden ? new float[group * buf_len] : nullptr);
 
-  at::parallel_for(0, p.rows, row_grain(D), [&](int64_t r0, int64_t r1) {
-    std::unique_ptr<float[]> buf(kWiden ? new float[buf_len] : nullptr);
-    float* bp = buf.get();
-    for (int64_t r = r0; r < r1; ++r) {
-      int64_t off;
-      p.layout->offsets(r, &off);
-      const T_x* xr = x + off;
-      T_out* o = out + r * D;
-      // The row as float32 for pass 2: x itself (float32), or the widened copy.
-      const float* row = kWiden ? bp : reinterpret_cast<const float*>(xr);
-
-      // Pass 1: sum of squares in four float32 vector accumulators. Lanes past the row's end load as zero and
-      // add nothing. A row longer than kSumChunk sums per chunk and adds the chunk sums in double.
-      float ss;
-      if (D > kSumChunk) {
-        ss = sum_squares_chunked(xr, bp, D);
-      } else {
-        fVec s0(0.0f), s1(0.0f), s2(0.0f), s3(0.0f);
-        int64_t i = 0;
-        for (; i + 2 * kB <= D; i += 2 * kB) {
-          fVec a, b, c, d;
-          VecIO<T_x>::load(xr + i, a, b);
-          VecIO<T_x>::load(xr + i + kB, c, d);
-          if constexpr (kWiden) {
-            VecIO<float>::store(bp + i, a, b);
-            VecIO<float>::store(bp + i + kB, c, d);
-          }
-          s0 = at::vec::fmadd(a, a, s0);
-          s1 = at::vec::fmadd(b, b, s1);
-          s2 = at::vec::fmadd(c, c, s2);
-          s3 = at::vec::fmadd(d, d, s3);
-        }
-        for (; i < D; i += kB) {
-          fVec a, b;
-          load_block(xr + i, a, b, std::min(kB, D - i));
-          if constexpr (kWiden) VecIO<float>::store(bp + i, a, b);  // whole block: the buffer is padded
-          s0 = at::vec::fmadd(a, a, s0);
-          s1 = at::vec::fmadd(b, b, s1);
-        }
-        ss = sum_lanes((s0 + s1) + (s2 + s3));
-      }
+  RowLayout::Cursor cursor(*p.layout, r0);
+  for (int64_t r = r0; r < r1; r += group) {
+    const int64_t g = std::min(group, r1 - r);
+    const T_x* xr[kMaxRowGroup];
+    fVec rstd[kMaxRowGroup];
+    // Pass 1: sum of squares in four float32 vector accumulators (lanes past the row's end load as zero and add
+    // nothing; a row longer than kSumChunk sums per chunk and adds the chunk sums in double). bf16/fp16 rows
+    // are widened into the buffer on the way.
+    for (int64_t k = 0; k < g; ++k) {
+      xr[k] = x + cursor[0];
+      cursor.next();
+      float* const bp = buf.get() + k * buf_len;
+      const float ss = D > kSumChunk ? sum_squares_chunked(xr[k], bp, D) : sum_squares(xr[k], bp, 0, D);
       // As eager: mean in float32, + eps in float32, reciprocal square root.
-      const fVec rstd(1.0f / std::sqrt(ss / d_f + eps));
-
-      // Pass 2: normalise, weight, bias, one store (row is in cache now).
+      rstd[k] = fVec(1.0f / std::sqrt(ss / d_f + eps));
+    }
+    // Pass 2: normalise, weight, bias, one store (the row is in cache now: x itself, or its widened copy).
+    for (int64_t k = 0; k < g; ++k) {
+      const float* const row = kWiden ? buf.get() + k * buf_len : reinterpret_cast<const float*>(xr[k]);
+      T_out* const o = out + (r + k) * D;
+      const fVec scale = rstd[k];  // a register copy: read from the array, it was loaded for every block
       for (int64_t j = 0; j < D; j += kB) {
         const int64_t n = std::min(kB, D - j);
         fVec a, b;
         load_block(row + j, a, b, n);
-        a = a * rstd;
-        b = b * rstd;
+        a = a * scale;
+        b = b * scale;
         if (w != nullptr) {
           // diffusers: the normalised value is cast to the (half) weight dtype before the multiply.
           if (round_bf16) round_through<c10::BFloat16>(a, b);
@@ -166,7 +149,12 @@ void rms_norm_rows(const RmsNormKernelArgs& p) {
         store_block(o + j, a, b, n);
       }
     }
-  });
+  }
+}
+
+template <typename T_x, typename T_out>
+void rms_norm_rows(const RmsNormKernelArgs& p) {
+  at::parallel_for(0, p.rows, row_grain(p.D), [&p](int64_t r0, int64_t r1) { rms_norm_task<T_x, T_out>(p, r0, r1); });
 }
 
 void rms_norm_kernel(const RmsNormKernelArgs& p) {
