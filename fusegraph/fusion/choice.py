@@ -492,10 +492,13 @@ def save_calibration(result: dict, path: Optional[str] = None) -> str:
             raise ValueError
     except (OSError, ValueError):
         data = {"version": TABLE_VERSION, "tables": {}, "meta": {}}
-    for dev, per_threads in result.items():
+    for dev, per_threads in result.items():  # merged per family and dtype: a partial calibration keeps the rest
         if dev.startswith("_"):
             continue
-        data["tables"].setdefault(dev, {}).update(per_threads)
+        for threads, families in per_threads.items():
+            table = data["tables"].setdefault(dev, {}).setdefault(threads, {})
+            for family, per_dtype in families.items():
+                table.setdefault(family, {}).update(per_dtype)
     data["meta"] = {"torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
                     "overhead_us": result.get("_overhead_us")}
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

@@ -184,6 +184,8 @@ def test_save_calibration_merges_devices_and_thread_counts(tmp_path):
     path = tmp_path / "cost.json"
     choice.save_calibration({"cpu": {"1": {"gelu": {"float32": [[10, 1.0]]}}}, "_overhead_us": {"1": 3.0}}, path)
     choice.save_calibration({"cpu": {"2": {"gelu": {"float32": [[10, 2.0]]}}}}, path)
+    choice.save_calibration({"cpu": {"1": {"rope": {"float32": [[10, 3.0]]}}}}, path)  # a partial one
     data = json.loads(path.read_text())
     assert set(data["tables"]["cpu"]) == {"1", "2"}
+    assert set(data["tables"]["cpu"]["1"]) == {"gelu", "rope"}
     choice.cost_model(reload=True)  # back to the real table for other tests
