@@ -298,15 +298,23 @@ def decide(node: torch.fx.Node) -> tuple:
     dtype, numel = _site_size(node)
     if family is None or dtype is None or numel is None:
         return True, None
+    if _float64_args(node):  # the op runs such calls as plain torch ops, not its kernel: Inductor's code is better
+        return False, None
     ratio = cost_model().ratio(family, node.meta["val"].device, dtype, numel)
     return (ratio is None or ratio >= 1 + MARGIN), ratio
+
+
+def _float64_args(node: torch.fx.Node) -> bool:
+    vals = [a.meta.get("val") for a in node.all_input_nodes] + [node.meta.get("val")]
+    return any(isinstance(v, torch.Tensor) and v.dtype == torch.float64 for v in vals)
 
 
 def describe(node: torch.fx.Node) -> str:
     """The Inductor route's choice for one fused node, as the explain report shows it."""
     keep, ratio = decide(node)
     if ratio is None:
-        return "fused op (no measurement for this device/dtype)"
+        return ("Inductor code (float64 arguments: no fused kernel)" if not keep else
+                "fused op (no measurement for this device/dtype)")
     return f"{'fused op' if keep else 'Inductor code'} (Inductor/fused time {ratio:.2f})"
 
 

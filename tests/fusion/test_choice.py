@@ -189,3 +189,21 @@ def test_save_calibration_merges_devices_and_thread_counts(tmp_path):
     assert set(data["tables"]["cpu"]) == {"1", "2"}
     assert set(data["tables"]["cpu"]["1"]) == {"gelu", "rope"}
     choice.cost_model(reload=True)  # back to the real table for other tests
+
+
+def test_sites_with_float64_arguments_are_left_to_inductor(table):
+    """The ops run float64 calls as plain torch ops (no fused kernel): such a site is always lowered."""
+    from diffusers.models.transformers.transformer_anyflow import apply_rotary_emb
+
+    class Rope(torch.nn.Module):
+        def forward(self, x, freqs):  # AnyFlow: complex128 rotation of a float32 x
+            return apply_rotary_emb(x, freqs)
+
+    x = torch.randn(1, 2, 6, 16)
+    freqs = torch.polar(torch.ones(6, 8, dtype=torch.float64), torch.randn(6, 8, dtype=torch.float64))
+    torch._dynamo.reset()
+    backend = fusegraph.Backend({})
+    with torch.no_grad():
+        out = torch.compile(Rope(), backend=backend)(x, freqs)
+        torch.testing.assert_close(out, Rope()(x, freqs))
+    assert backend.stats.patterns["rope"] == 1 and backend.stats.lowered["rope"] == 1
