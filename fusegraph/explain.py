@@ -349,9 +349,12 @@ def _mul_add_anchor(node) -> Optional[str]:
     if not _is(node, _aten.add.Tensor) or not (isinstance(val, torch.Tensor) and val.is_floating_point()):
         return None  # integer index arithmetic (position ids) is no fusion target
     operands = node.args[:2]  # a tensor added: ``x * s + 1.0`` is no mul_add site
-    if all(isinstance(a, torch.fx.Node) for a in operands) and any(_is(a, _aten.mul.Tensor) for a in operands):
-        return "mul→add"
-    return None
+    if not all(isinstance(a, torch.fx.Node) for a in operands):
+        return None
+    # a product by 1 (``y + 1.0 * x``, a one-row addmm's decomposition) is an add, not a mul_add site
+    products = [a for a in operands if _is(a, _aten.mul.Tensor) and not any(
+        isinstance(b, (int, float)) and not isinstance(b, bool) and b == 1 for b in a.args)]
+    return "mul→add" if products else None
 
 
 # family -> (node -> label or None). Order matters only for reading.
