@@ -5,26 +5,14 @@ import torch
 import torch.nn.functional as F
 
 import fusegraph
+from fusegraph.bench.model import DecodeMLP
 from fusegraph.graph import GraphRunner
 from fusegraph.graph.host import trace_fused
 
 
-class DecodeLike(torch.nn.Module):
-    """n x [RMSNorm -> matmul -> tanh-GELU -> x + 0.5 * h] (the issue's decode-like block)."""
-
-    def __init__(self, n=3, d=64):
-        super().__init__()
-        g = torch.Generator().manual_seed(0)
-        self.w = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(d, d, generator=g) * d ** -0.5,
-                                                            requires_grad=False) for _ in range(n)])
-        self.g = torch.nn.ParameterList([torch.nn.Parameter(1 + 0.1 * torch.randn(d, generator=g),
-                                                            requires_grad=False) for _ in range(n)])
-
-    def forward(self, x):
-        for w, g in zip(self.w, self.g):
-            h = F.gelu(F.rms_norm(x, (x.shape[-1],), g, 1e-6) @ w, approximate="tanh")
-            x = x + 0.5 * h
-        return x
+def DecodeLike():
+    """3 x [RMSNorm -> matmul 64x64 -> tanh-GELU -> x + 0.5 * h] (the issue's decode-like block, smaller)."""
+    return DecodeMLP(layers=3, dim=64)
 
 
 def test_runner_fuses_every_site_before_capture_and_matches_eager():
