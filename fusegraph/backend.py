@@ -177,7 +177,8 @@ class _FusionPass(_PassBase):
         fp = self.backend.config.fusion_patterns
         opts = tuple(sorted(fp.as_dict().items())) + (("verify", self.backend.config.verify),
                                                       ("choice", self.backend.config.fusion_choice, _choice_key(),
-                                                       torch.get_num_threads()))
+                                                       torch.get_num_threads()),
+                                                      ("linear packing", "bf16/fp16 only"))  # _no_fp32_linear_packing
         return hashlib.sha256(repr((_source_hash(), opts)).encode()).hexdigest()
 
     def __deepcopy__(self, memo):  # Inductor may deep-copy its config; the pass is stateless as far as it is concerned

@@ -185,12 +185,15 @@ def lower(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
         return ("const", a)
 
     specs = [spec(a) for a in node.args]
+    kw_specs = {k: spec(v) for k, v in kw.items()}  # weight=/bias= may come as keywords
     vals = [n.meta["val"] for n in tensor_nodes]
     fake_mode = detect_fake_mode(vals + [out_val])
 
     def body(*tensors):
-        args = [tensors[s[1]] if s[0] == "tensor" else s[1] for s in specs]
-        return fn(out_val.dtype, *args, **kw)
+        def value(s):
+            return tensors[s[1]] if s[0] == "tensor" else s[1]
+
+        return fn(out_val.dtype, *[value(s) for s in specs], **{k: value(s) for k, s in kw_specs.items()})
 
     with fake_mode:
         sub = make_fx(body, decomposition_table=select_decomp_table(), tracing_mode="real")(*vals)

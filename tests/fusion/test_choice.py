@@ -207,3 +207,23 @@ def test_sites_with_float64_arguments_are_left_to_inductor(monkeypatch):
             rope.meta["val"] = torch.empty(1, 64, 2, 32)
         assert choice.decide(rope)[0] is keep, dtype
     assert choice.describe(rope) == "Inductor code (float64 arguments: no fused kernel)"
+
+
+def test_lower_takes_tensor_keywords():
+    """A fused node whose weight/bias come as keywords is lowered with them (FX graph, fake values)."""
+    graph = torch.fx.Graph()
+    x, scale, shift, w, b = (graph.placeholder(n) for n in ("x", "scale", "shift", "w", "b"))
+    node = graph.call_function(fg.adaln.default, (x, scale, shift, 1e-6), {"weight": w, "bias": b, "norm": "rms"})
+    graph.output(node)
+    real = [torch.randn(2, 5, 16), torch.randn(2, 1, 16), torch.randn(2, 1, 16), torch.randn(16), torch.randn(16)]
+    mode = torch._subclasses.FakeTensorMode()
+    for p, t in zip((x, scale, shift, w, b), real):
+        p.meta["val"] = mode.from_tensor(t)
+    with mode:
+        node.meta["val"] = fg.adaln.default(*[p.meta["val"] for p in (x, scale, shift)], 1e-6, weight=w.meta["val"],
+                                            bias=b.meta["val"], norm="rms")
+    choice.lower(graph, node)
+    assert not any(n.target is fg.adaln.default for n in graph.nodes)
+    out = torch.fx.GraphModule(torch.nn.Module(), graph)(*real)
+    want = fg.adaln.default(*real[:3], 1e-6, weight=real[3], bias=real[4], norm="rms")
+    torch.testing.assert_close(out, want, rtol=2e-6, atol=2e-6)
