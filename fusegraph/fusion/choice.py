@@ -8,8 +8,9 @@ per node, with the shapes and dtypes Inductor will compile for (``node.meta["val
 
 The decision is a cost model fitted to measurements (``CostModel``): for each family, device, dtype and thread
 count, the ratio (Inductor's time for the site) / (the fused op's time, called from Inductor's wrapper) measured at
-sizes from 1 Ki to 4 Mi elements, interpolated in log size. A site is fused when the ratio at its size is at
-least ``1 + MARGIN`` (the margin pays for what an isolated measurement cannot see: the fused op materialises its
+sizes from 1 Ki to 4 Mi elements, interpolated in log size (below 1 Ki the ratio shrinks with the size: there
+the fused op costs its fixed call, Inductor's inline code almost nothing). A site is fused when the ratio at its
+size is at least ``1 + MARGIN`` (the margin pays for what an isolated measurement cannot see: the fused op materialises its
 inputs and its output, where Inductor would have fused the site with its neighbours). The measurements come from
 ``python -m fusegraph bench calibrate`` (``calibrate`` here), which writes them to the cache directory; a table
 measured on the development machine ships with the package (``cost_cpu.json``) and is used until the user
@@ -256,8 +257,8 @@ class CostModel:
         if not points:
             return None
         x = math.log2(max(numel, 1))
-        if x <= points[0][0]:
-            return points[0][1]
+        if x <= points[0][0]:  # below the table the fused op's time is its fixed call cost while Inductor's code
+            return points[0][1] * 2.0 ** (x - points[0][0])  # (inline in a kernel) shrinks with the site: ~numel
         for (x0, r0), (x1, r1) in zip(points, points[1:]):
             if x <= x1:
                 return r0 + (r1 - r0) * (x - x0) / (x1 - x0)
