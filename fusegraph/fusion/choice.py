@@ -12,9 +12,9 @@ sizes from 1 Ki to 4 Mi elements, interpolated in log size (below 1 Ki the ratio
 the fused op costs its fixed call, Inductor's inline code almost nothing). A site is fused when the ratio at its
 size is at least ``1 + MARGIN`` (the margin pays for what an isolated measurement cannot see: the fused op
 materialises its inputs and its output, where Inductor would have fused the site with its neighbours). The
-measurements come from ``python -m fusegraph bench calibrate`` (``calibrate`` here), which writes them to the cache directory; a table
-measured on the development machine ships with the package (``cost_cpu.json``) and is used until the user
-calibrates their own. A device without a table (CUDA/NPU until calibrated there) keeps every fused op, the
+measurements come from ``python -m fusegraph bench calibrate`` (``calibrate`` here), which writes them to the cache
+directory; a table measured on the development machine ships with the package (``cost_cpu.json``) and is used
+until the user calibrates their own. A device without a table (CUDA/NPU until calibrated there) keeps every fused op, the
 behaviour before this choice existed.
 """
 from __future__ import annotations
