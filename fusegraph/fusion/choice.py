@@ -14,8 +14,8 @@ size is at least ``1 + MARGIN`` (the margin pays for what an isolated measuremen
 materialises its inputs and its output, where Inductor would have fused the site with its neighbours). The
 measurements come from ``python -m fusegraph bench calibrate`` (``calibrate`` here), which writes them to the cache
 directory; a table measured on the development machine ships with the package (``cost_cpu.json``) and is used
-until the user calibrates their own. A device without a table (CUDA/NPU until calibrated there) keeps every fused op, the
-behaviour before this choice existed.
+until the user calibrates their own. A device without a table (CUDA/NPU until calibrated there) keeps every fused
+op, the behaviour before this choice existed.
 """
 from __future__ import annotations
 
