@@ -152,6 +152,7 @@ def _source_hash() -> str:
     files = [os.path.join(folder, f) for f in sorted(os.listdir(folder)) if f.endswith(".py")]
     files.append(passes.__file__)
     files.append(os.path.join(os.path.dirname(passes.__file__), "choice.py"))
+    files.append(__file__)  # what the pass records for cache hits, and the linear-packing policy
     return get_hash_for_files(tuple(files)).hex()
 
 
@@ -364,10 +365,11 @@ class Backend:
         key = _counts_key(gm, example_inputs, fusion_pass.uuid(), job.freeze)
         if job.pass_ran:
             _store_record(key, {"counts": job.counts, "fallbacks": job.pass_fallbacks, "log": job.glog.entries,
-                                "lowered": job.lowered})
+                                "lowered": job.lowered, "ops": dict(self.last_graph_ops)})
         else:
             record = _load_record(key)
             if record is None:
+                self.last_graph_ops = collections.Counter()  # unknown: not the previous graph's
                 job.glog.write_cached(None, gm.code)
             else:
                 if record["counts"] is not None:
@@ -378,6 +380,7 @@ class Backend:
                     job.lowered = dict(record["lowered"])
                     if job.count:
                         self.stats.add_lowered(job.lowered)
+                self.last_graph_ops = collections.Counter(record.get("ops") or {})
                 for reason in record["fallbacks"]:
                     job.note_fallback(reason)
                 job.glog.write_cached(record["log"], gm.code)
@@ -522,6 +525,7 @@ def _load_record(key: str) -> Optional[dict]:
         lowered = data.get("lowered")
         return {"counts": None if counts is None else {k: int(v) for k, v in counts.items()},
                 "lowered": None if lowered is None else {k: int(v) for k, v in lowered.items()},
+                "ops": {str(k): int(v) for k, v in (data.get("ops") or {}).items()},
                 "fallbacks": [str(r) for r in data["fallbacks"]], "log": [[str(a), str(b)] for a, b in data["log"]]}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None

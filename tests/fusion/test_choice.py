@@ -228,3 +228,17 @@ def test_lower_takes_tensor_keywords():
     out = torch.fx.GraphModule(torch.nn.Module(), graph)(*real)
     want = fg.adaln.default(*real[:3], 1e-6, weight=real[3], bias=real[4], norm="rms")
     torch.testing.assert_close(out, want, rtol=2e-6, atol=2e-6)
+
+
+def test_graph_ops_survive_an_inductor_cache_hit(table):
+    """Inductor's FX graph cache skips the fusion pass on a hit: the final graph's ops then come from the record
+    the compile that ran it stored (CI machines keep Inductor's cache between runs)."""
+    from torch._dynamo.utils import counters
+
+    first, _ = _compile(_Block(64).eval(), torch.randn(3, 64))
+    hits = counters["inductor"]["fxgraph_cache_hit"]
+    second, out = _compile(_Block(64).eval(), torch.randn(3, 64))
+    assert counters["inductor"]["fxgraph_cache_hit"] == hits + 1  # the second compile did not run the pass
+    assert first.last_graph_ops["fusegraph.gelu_tanh.default"] == 1
+    assert second.last_graph_ops == first.last_graph_ops
+    assert second.stats.lowered == first.stats.lowered
