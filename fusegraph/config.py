@@ -176,11 +176,10 @@ class FusionPatterns(_ConfigBase):
                                 "different; opt-in only).")
 
     def enabled_families(self) -> tuple:
-        """Pattern families switched on, in pass order."""
-        flags = {"adaln": self.enable_adalayernorm, "rope": self.enable_rope, "rms_norm": self.enable_rms_norm,
-                 "adaln_rms": self.enable_adalayernorm, "adaln_noshift": self.enable_adalayernorm,
-                 "gelu": self.enable_fast_gelu, "mul_add": self.enable_mul_add}
-        return tuple(name for name, on in flags.items() if on)
+        """Pattern families switched on, in pass order (``fusegraph.fusion.patterns.FAMILIES``)."""
+        from .fusion.patterns import FAMILIES
+
+        return tuple(f.name for f in FAMILIES if getattr(self, f.switch))
 
 
 def _fusion_patterns(name, v):

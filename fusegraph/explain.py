@@ -37,7 +37,7 @@ from unittest import mock
 import torch
 import torch.fx
 
-from .fusion import choice, passes
+from .fusion import FAMILY_NAMES, choice, passes
 from .fusion.patterns._prepare import depends_on
 
 _aten = torch.ops.aten
@@ -624,7 +624,7 @@ class _Observer:
         self.ran: set = set()  # families whose pass ran on this graph (verify_inputs may leave some off)
 
     def __call__(self, pass_name: str, when: str, graph: torch.fx.Graph) -> None:
-        if pass_name not in passes.FAMILIES and when != "done":
+        if pass_name not in FAMILY_NAMES and when != "done":
             return
         if when == "before":
             self.snapshot = {n: (list(n.all_input_nodes), n.meta.get("stack_trace")) for n in graph.nodes}
@@ -664,7 +664,7 @@ class _Observer:
             if node in nodes:
                 site.inductor = choice.describe(node)
         with _explicit_rms_calls(graph):
-            candidates = _candidates(graph, passes.FAMILIES)
+            candidates = _candidates(graph, FAMILY_NAMES)
             reasons = {node: self.reasons.get(node) or _reason(family, node, passes.pattern_pass(family, self.opts))
                        for family, node, _ in candidates
                        if family in self.enabled and family in self.ran}
@@ -812,7 +812,7 @@ def explain(model_or_fn, *args, config=None, **kwargs) -> ExplainReport:
             breaks = list(graph_break_reasons) + [b for b in breaks if not any(b is r for r in graph_break_reasons)]
         finally:
             torch._dynamo.reset()
-    report = ExplainReport(model=_model_name(model_or_fn), families=list(passes.FAMILIES),
+    report = ExplainReport(model=_model_name(model_or_fn), families=list(FAMILY_NAMES),
                            enabled=list(opts.enabled_families()), graphs=backend.stats.graphs_compiled)
     for observer in observers:
         report.sites.extend(observer.sites)

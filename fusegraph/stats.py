@@ -4,7 +4,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-PATTERN_NAMES = ("rms_norm", "rope", "adaln", "gelu", "mul_add", "adaln_rms", "adaln_noshift")
+from .fusion.patterns import PATTERN_NAMES  # the family table lists them
 
 
 @dataclass

@@ -21,7 +21,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 def main(argv=None) -> int:
     from fusegraph.fusion import choice
-    from fusegraph.stats import PATTERN_NAMES
+    from fusegraph.fusion import PATTERN_NAMES
 
     p = argparse.ArgumentParser(prog="python -m fusegraph bench calibrate", description=__doc__.split("\n\n")[1])
     p.add_argument("--device", default="cpu")

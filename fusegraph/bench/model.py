@@ -182,7 +182,7 @@ def benchmark_model(model_name: str, dtype_name: str = "fp32", device="cpu", rep
     """Builds the tiny ``model_name`` model, compiles each wanted variant (first call = compile time), times
     them round-robin, prints the table and returns every number (also what ``--json`` writes)."""
     from fusegraph import Backend, CompilationConfig
-    from fusegraph.backend import _graph_runtime
+    from fusegraph.graph import GraphRunner, device_graph_available
 
     torch.manual_seed(0)
     dtype, device = DTYPES[dtype_name], torch.device(device)
@@ -209,12 +209,12 @@ def benchmark_model(model_name: str, dtype_name: str = "fp32", device="cpu", rep
         "fusegraph": compiled(CompilationConfig(inductor=True)),
         "fusegraph_aten": compiled(CompilationConfig(inductor=False)),
     }
-    runtime, why_not = _graph_runtime()
-    if runtime is not None:
+    available, why_not = device_graph_available(device)
+    if available:
         variants["fusegraph_graph"] = compiled(CompilationConfig(graph_with_compile=True, inductor=False))
 
         def runner():
-            r = runtime.GraphRunner(model)
+            r = GraphRunner(model)
             return r, r  # the runner has the stats a backend has
 
         variants["graph_runner"] = runner

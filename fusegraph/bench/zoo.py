@@ -77,7 +77,7 @@ def _cells(row: dict, families) -> list:
 
 def main(argv=None) -> int:
     from fusegraph import zoo
-    from fusegraph.fusion.passes import FAMILIES
+    from fusegraph.fusion import FAMILY_NAMES as FAMILIES
 
     p = argparse.ArgumentParser(prog="python -m fusegraph bench zoo", description=__doc__.split("\n\n")[0])
     p.add_argument("--models", help="comma-separated class names (default: every model of fusegraph.zoo)")

@@ -1,4 +1,6 @@
-"""FX-graph fusion: the pass manager (passes.py) and one pattern family per file (patterns/<family>.py)."""
-from .passes import FAMILIES, fuse_graph
+"""FX-graph fusion: the family table (patterns/__init__.py, one pattern family per file), the pass manager
+(passes.py), Inductor's custom pass (inductor_pass.py) and the per-site choice (choice.py)."""
+from .passes import fuse_graph
+from .patterns import FAMILIES, FAMILY_NAMES, PATTERN_NAMES
 
-__all__ = ["FAMILIES", "fuse_graph"]
+__all__ = ["FAMILIES", "FAMILY_NAMES", "PATTERN_NAMES", "fuse_graph"]

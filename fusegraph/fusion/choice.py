@@ -325,7 +325,7 @@ def describe(node: torch.fx.Node) -> str:
 def choose(graph: torch.fx.Graph, config=None, *, stats=None, decisions: Optional[list] = None) -> dict:
     """Lowers every fused node that Inductor's own code is predicted to beat; returns {family: sites lowered}
     and appends (family, node name, dtype, numel, ratio, fused?) to ``decisions`` when given."""
-    from ..stats import PATTERN_NAMES
+    from .patterns import PATTERN_NAMES
 
     lowered = {name: 0 for name in PATTERN_NAMES}
     for node in list(graph.nodes):
@@ -466,7 +466,7 @@ def calibrate(device="cpu", dtypes=(torch.float32, torch.bfloat16, torch.float16
               sizes=tuple(2 ** k for k in range(10, 23, 3)), families=None, progress=None) -> dict:
     """Measures the table the cost model reads, for this device and thread count; returns it (merged into the
     existing calibration file by ``save_calibration``)."""
-    from ..stats import PATTERN_NAMES
+    from .patterns import PATTERN_NAMES
 
     device = torch.device(device)
     threads = torch.get_num_threads() if threads is None else threads

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import importlib
 import logging
 import operator
 import os
@@ -25,19 +24,10 @@ import torch
 import torch.fx
 from torch._inductor.pattern_matcher import PatternMatcherPass
 
-from ..stats import PATTERN_NAMES
+from .patterns import BY_NAME, FAMILY_NAMES, SWITCHES
 
 log = logging.getLogger("fusegraph")
 
-# Pass order: a family whose pattern contains another's runs first (adaln and rope before mul_add, ...).
-# adaln_rms and adaln_noshift match on the fused rms_norm op, so they run after rms_norm (in the same round);
-# adaln runs before adaln_noshift, so a LayerNorm modulation with a shift is never split into two ops; both
-# run before gelu and mul_add, which would otherwise take the modulation's ``* (1 + scale) + shift``.
-FAMILIES = ("adaln", "rope", "rms_norm", "adaln_rms", "adaln_noshift", "gelu", "mul_add")
-assert set(FAMILIES) == set(PATTERN_NAMES)
-
-# Options (FusionPatterns attribute names) that change what a family registers, beyond its on/off switch.
-_FAMILY_OPTIONS = {"gelu": ("gelu_approximation",)}
 _MAX_ROUNDS = 8
 
 _passes: dict = {}
@@ -83,19 +73,18 @@ def decompositions() -> dict:
 
 def family_key(family: str, opts) -> tuple:
     """What a family's registered patterns depend on: its name and its relevant options."""
-    return (family,) + tuple((name, getattr(opts, name)) for name in _FAMILY_OPTIONS.get(family, ()))
+    return (family,) + tuple((name, getattr(opts, name)) for name in BY_NAME[family].options)
 
 
 def pattern_pass(family: str, opts) -> PatternMatcherPass:
     """The family's PatternMatcherPass for these options, registered on first use and cached."""
-    if family not in FAMILIES:
-        raise ValueError(f"unknown pattern family {family!r}; known: {FAMILIES}")
+    if family not in BY_NAME:
+        raise ValueError(f"unknown pattern family {family!r}; known: {FAMILY_NAMES}")
     key = family_key(family, opts)
     with _passes_lock:
         pm = _passes.get(key)
         if pm is None:
             pm = PatternMatcherPass(pass_name=f"fusegraph_{family}")
-            module = importlib.import_module(f"{__package__}.patterns.{family}")
             # Trace patterns outside any fake mode / tracing context the caller may be in (as Inductor's own
             # lazily registered patterns do), on fresh fake tensors.
             from torch._dynamo.utils import counters
@@ -107,7 +96,7 @@ def pattern_pass(family: str, opts) -> PatternMatcherPass:
             with torch._guards.tracing(None), unset_fake_temporarily(), FakeTensorMode(), \
                     warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="Mismatch dtype between input and weight")
-                module.register(pm, copy.deepcopy(opts))
+                BY_NAME[family].module.register(pm, copy.deepcopy(opts))
             counters["inductor"] = saved
             _guard_entries(pm)
             _passes[key] = pm
@@ -268,10 +257,6 @@ class GraphLog:
 # than its 1.3e-6 because a fused op reassociates sums (a norm's reduction) and a graph repeats that over blocks.
 _VERIFY_RTOL = {torch.float64: 1e-7, torch.float32: 1e-4, torch.bfloat16: 1.6e-2, torch.float16: 1e-3}
 _VERIFY_ATOL = 1e-5  # all-zero outputs
-_FAMILY_SWITCH = {"adaln": "enable_adalayernorm", "rope": "enable_rope", "rms_norm": "enable_rms_norm",
-                  "adaln_rms": "enable_adalayernorm", "adaln_noshift": "enable_adalayernorm",
-                  "gelu": "enable_fast_gelu", "mul_add": "enable_mul_add"}
-assert set(_FAMILY_SWITCH) == set(FAMILIES)
 
 
 def verify_inputs_for(graph_or_gm, inputs, params=None) -> tuple:
@@ -349,8 +334,8 @@ def _only(opts, families):
     unchanged). Families that share a switch (``enable_adalayernorm``: adaln, adaln_rms, adaln_noshift) are
     then told apart by ``fuse_graph``'s ``only_families``."""
     new = copy.deepcopy(opts)
-    on = {_FAMILY_SWITCH[f] for f in families}
-    for switch in set(_FAMILY_SWITCH.values()):
+    on = {BY_NAME[f].switch for f in families}
+    for switch in SWITCHES:
         setattr(new, switch, switch in on)
     return new
 
@@ -471,7 +456,7 @@ class _Verifier:
         the unfused graph), only ``families`` of them when given."""
         graph = copy.deepcopy(self.pristine)
         gm = torch.fx.GraphModule(self.root, graph)
-        counts, sites = {name: 0 for name in FAMILIES}, {}
+        counts, sites = dict.fromkeys(FAMILY_NAMES, 0), {}
         if opts is not None:
             before = set(graph.nodes)
             counts = fuse_graph(gm, opts, redundant=self.redundant, only_families=families)
@@ -511,7 +496,7 @@ def _verified(graph: torch.fx.Graph, opts, inputs, stats, redundant: bool):
               f": {ref}")
         return opts, redundant, None
     allowed = list(opts.enabled_families())
-    for _ in range(len(FAMILIES) + 1):
+    for _ in range(len(FAMILY_NAMES) + 1):
         out, counts, _ = verifier.run(_only(opts, allowed), allowed)
         why = _differs(ref, out)
         if not agree_any(group, [why is not None])[0]:
@@ -571,8 +556,8 @@ def _run(name, fn, graph, glog, observer=None):
 
 def fuse_graph(gm_or_graph, config=None, *, stats=None, graph_log: Optional[GraphLog] = None,
                redundant: bool = True, observer=None, verify_inputs=None, only_families=None) -> dict:
-    """Runs the redundant-node pass and the enabled pattern families (in ``FAMILIES`` order) on the graph
-    until nothing changes. ``config`` is a CompilationConfig, a FusionPatterns or None (process defaults).
+    """Runs the redundant-node pass and the enabled pattern families (in ``patterns.FAMILIES``' order) on the
+    graph until nothing changes. ``config`` is a CompilationConfig, a FusionPatterns or None (process defaults).
     Returns ``{family: replacements}`` for every family (0 when disabled) and adds it to ``stats.patterns``.
     ``observer(pass_name, when, graph)``, when given, is told before and after each pass (``when`` "before" /
     "after") and once at the end (``"fuse_graph", "done"``): ``fusegraph.explain`` reads the graph there.
@@ -590,7 +575,7 @@ def fuse_graph(gm_or_graph, config=None, *, stats=None, graph_log: Optional[Grap
                 only_families = verified if only_families is None else [f for f in verified if f in only_families]
         except Exception as e:  # a safety net must never fail the compile it guards
             _note(stats, f"verify skipped: verification failed ({type(e).__name__})", f": {e}")
-    counts = {name: 0 for name in FAMILIES}
+    counts = dict.fromkeys(FAMILY_NAMES, 0)
     families = [(f, pattern_pass(f, opts)) for f in opts.enabled_families()
                 if only_families is None or f in only_families]
     for _ in range(_MAX_ROUNDS):

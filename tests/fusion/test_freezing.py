@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import fusegraph.backend as backend_mod
+from fusegraph import freezing
 from fusegraph import Backend, CompilationConfig
 
 ROUTES = {
@@ -95,7 +95,7 @@ def test_weights_changed_after_compile_are_not_stale(route, how):
 
 
 def test_specialization_limit_falls_back_to_one_unfrozen_compile(monkeypatch):
-    monkeypatch.setattr(backend_mod, "FROZEN_SPECIALIZATION_LIMIT", 2)
+    monkeypatch.setattr(freezing, "FROZEN_SPECIALIZATION_LIMIT", 2)
     torch.manual_seed(2)
     net = Net(n=5).eval()
     fn, backend = compiled(net, "aten")

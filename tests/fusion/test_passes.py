@@ -5,7 +5,7 @@ from torch._inductor.decomposition import select_decomp_table
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from fusegraph import CompilationConfig, FusionPatterns, Stats
-from fusegraph.fusion import FAMILIES, fuse_graph
+from fusegraph.fusion import FAMILY_NAMES as FAMILIES, fuse_graph
 from fusegraph.fusion import passes
 
 

@@ -18,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import fusegraph.backend as backend_mod
+from fusegraph.fusion.inductor_pass import FusionPass
 from fusegraph import Backend, CompilationConfig
 from fusegraph.fusion import passes
 from fusegraph.fusion.patterns import gelu as gelu_patterns
@@ -232,7 +233,7 @@ def test_verify_field_default_validation_and_no_alias():
     assert "verify" not in CompilationConfig._aliases.values() and "verify" not in CompilationConfig._aliases
     assert CompilationConfig._fields["verify"].__doc__
     # Inductor's caches tell a verified compile from an unverified one
-    uuid = {v: backend_mod._FusionPass(Backend(CompilationConfig(verify=v)), None).uuid() for v in (False, True)}
+    uuid = {v: FusionPass(CompilationConfig(verify=v), None).uuid() for v in (False, True)}
     assert uuid[False] != uuid[True]
 
 

@@ -1,0 +1,136 @@
+"""The fusion as Inductor's custom post-grad pass (``post_grad_custom_pre_pass``) on the default route.
+
+``FusionPass`` runs the pattern families (``passes.fuse_graph``) and the per-site choice (``choice.choose``) on
+Inductor's post-grad graph, and keys Inductor's caches by everything its result depends on (``uuid()``), as
+vLLM's ``PostGradPassManager`` does. Inductor serves a cached graph without calling the pass, so the pass also
+keeps a record of what it produced (counts, fallbacks, pass logs, sites lowered, the final graph's ops) on disk,
+under a key of the graph and the pass options; a cache hit reads it back (``after_compile``).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import threading
+from typing import Optional
+
+import torch
+
+from . import choice, passes
+
+try:
+    from torch._inductor.custom_graph_pass import CustomInferenceAwareGraphPass as _PassBase
+except ImportError:  # older torch
+    from torch._inductor.custom_graph_pass import CustomGraphPass as _PassBase
+
+# What the compile job the pass reports to provides (fusegraph.backend._CompileJob): pass_ran, fuse(graph),
+# choose(graph), counts, lowered, ops, pass_fallbacks, note_fallback(reason), glog.
+
+
+@functools.lru_cache(maxsize=None)
+def _source_hash() -> str:
+    """The fusion's source: the family modules, the pass manager, the choice, this pass and the backend (what the
+    record holds, and the freezing's linear-packing policy)."""
+    from torch._inductor.custom_graph_pass import get_hash_for_files
+
+    from . import patterns
+
+    folder = os.path.dirname(patterns.__file__)
+    files = [os.path.join(folder, f) for f in sorted(os.listdir(folder)) if f.endswith(".py")]
+    package = os.path.dirname(os.path.dirname(__file__))
+    files += [passes.__file__, choice.__file__, __file__, os.path.join(package, "backend.py"),
+              os.path.join(package, "freezing.py")]
+    return get_hash_for_files(tuple(files)).hex()
+
+
+def _choice_key() -> str:
+    """The cost model the per-site choice reads (Inductor's cache key must change when it does)."""
+    model = choice.cost_model()
+    return hashlib.sha256(repr((model.source, sorted(model.tables.items(), key=str))).encode()).hexdigest()[:16]
+
+
+class FusionPass(_PassBase):
+    """Runs fusegraph's passes on Inductor's post-grad graph (inference graphs only) for one compile job."""
+
+    def __init__(self, config, job):
+        self.config = config
+        self.job = job
+
+    def __call__(self, graph: torch.fx.Graph, is_inference: bool = True) -> None:
+        self.job.pass_ran = True
+        if not is_inference:
+            reason = "autograd graph: fusion skipped (fused ops have no backward)"
+            self.job.pass_fallbacks.append(reason)
+            self.job.note_fallback(reason)
+            return
+        self.job.fuse(graph)
+        if self.config.fusion_choice == "auto":
+            self.job.choose(graph)
+
+    def uuid(self):
+        fp = self.config.fusion_patterns
+        opts = tuple(sorted(fp.as_dict().items())) + (("verify", self.config.verify),
+                                                      ("choice", self.config.fusion_choice, _choice_key(),
+                                                       torch.get_num_threads()),
+                                                      ("linear packing", "bf16/fp16 only"))  # freezing.py
+        return hashlib.sha256(repr((_source_hash(), opts)).encode()).hexdigest()
+
+    def __deepcopy__(self, memo):  # Inductor may deep-copy its config; the pass is stateless as far as it is concerned
+        return self
+
+    def after_compile(self, gm, example_inputs, freeze: bool) -> Optional[dict]:
+        """After ``compile_fx``: stores the job's record when the pass ran; otherwise (Inductor's cache served the
+        graph) returns the record of the compile that ran it, or None when there is none."""
+        key = _record_key(gm, example_inputs, self.uuid(), freeze)
+        job = self.job
+        if job.pass_ran:
+            _store_record(key, {"counts": job.counts, "fallbacks": job.pass_fallbacks, "log": job.glog.entries,
+                                "lowered": job.lowered, "ops": dict(job.ops)})
+            return None
+        return _load_record(key)
+
+
+def _record_key(gm, example_inputs, pass_uuid, freezing) -> str:
+    """Identifies one Inductor compile of a Dynamo graph as far as fusion is concerned."""
+    inputs = [(tuple(x.shape), tuple(x.stride()), str(x.dtype), x.device.type, x.requires_grad)
+              if isinstance(x, torch.Tensor) else repr(x) for x in example_inputs]
+    text = repr((gm.code, inputs, pass_uuid, freezing, torch.is_grad_enabled(), torch.__version__))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _record_path(key: str) -> str:
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return os.path.join(cache_dir(), "fusegraph_counts", key + ".json")
+
+
+_records: dict = {}  # this process's records, by key (the files serve other processes)
+
+
+def _store_record(key: str, record: dict) -> None:
+    _records[key] = record
+    try:
+        path = _record_path(key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(record, f)
+        os.replace(tmp, path)
+    except OSError:  # counts are a report, never worth failing a compile
+        pass
+
+
+def _load_record(key: str) -> Optional[dict]:
+    if key in _records:
+        return _records[key]
+    try:
+        with open(_record_path(key)) as f:
+            data = json.load(f)
+        counts, lowered = data["counts"], data.get("lowered")
+        return {"counts": None if counts is None else {k: int(v) for k, v in counts.items()},
+                "lowered": None if lowered is None else {k: int(v) for k, v in lowered.items()},
+                "ops": {str(k): int(v) for k, v in (data.get("ops") or {}).items()},
+                "fallbacks": [str(r) for r in data["fallbacks"]], "log": [[str(a), str(b)] for a, b in data["log"]]}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
