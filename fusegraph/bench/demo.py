@@ -193,12 +193,8 @@ SECTIONS = [
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m fusegraph demo", description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    p.add_argument("--dtype", default="fp32,bf16", help="comma list of fp32, bf16, fp16 (default fp32,bf16)")
-    p.add_argument("--quick", action="store_true", help="a tiny block and few reps (smoke test)")
-    p.add_argument("--reps", type=int, default=None, help="timed runs per median (default 7, quick 3)")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads(N) before timing")
-    p.add_argument("--json", default=None, metavar="PATH", help="write every number (+ machine, date) here")
+    timing.add_run_args(p, quick_help="a tiny block and few reps (smoke test)",
+                        reps_help="timed runs per median (default 7, quick 3)")
     return p.parse_args(argv)
 
 

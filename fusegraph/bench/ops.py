@@ -389,20 +389,16 @@ ROUTE_LEGEND = """fg route = the same composition through torch.compile(backend=
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m fusegraph bench ops", description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    p.add_argument("--dtype", default="fp32,bf16", help="comma list of fp32, bf16, fp16 (default fp32,bf16)")
+    timing.add_run_args(p, quick_help="tiny shapes and few reps (smoke test)",
+                        reps_help="timed runs per median (default 10, quick 3)")
     p.add_argument("--ops", default=",".join(OPS), help=f"comma list of ops (default all: {','.join(OPS)})")
-    p.add_argument("--quick", action="store_true", help="tiny shapes and few reps (smoke test)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed runs first (default 2, quick 1)")
     p.add_argument("--zoo", action="store_true",
                    help="the zoo's tiny-model sizes (batch 2, 32 tokens, hidden 32), where per-call costs decide")
     p.add_argument("--route", action="store_true",
                    help="add a column: the composition compiled by fusegraph's default route (fusion + Inductor)")
     p.add_argument("--backend", default="inductor",
                    help="torch.compile backend of the 'compiled' column (default inductor; 'none' skips it)")
-    p.add_argument("--reps", type=int, default=None, help="timed runs per median (default 10, quick 3)")
-    p.add_argument("--warmup", type=int, default=None, help="untimed runs first (default 2, quick 1)")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads(N) before timing")
-    p.add_argument("--json", default=None, metavar="PATH", help="write every number (+ machine, date) here")
     return p.parse_args(argv)
 
 

@@ -189,3 +189,13 @@ def write_json(path: str, payload: dict) -> None:
     with open(path, "w") as f:
         json.dump(payload, f, indent=2, sort_keys=False)
         f.write("\n")
+
+
+def add_run_args(p, *, quick_help: str, reps_help: str) -> None:
+    """The options ``demo`` and ``bench ops`` share: --device, --dtype, --quick, --reps, --threads, --json."""
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--dtype", default="fp32,bf16", help="comma list of fp32, bf16, fp16 (default fp32,bf16)")
+    p.add_argument("--quick", action="store_true", help=quick_help)
+    p.add_argument("--reps", type=int, default=None, help=reps_help)
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads(N) before timing")
+    p.add_argument("--json", default=None, metavar="PATH", help="write every number (+ machine, date) here")

@@ -31,3 +31,15 @@ def check_out_dtype(out_dtype, op: str) -> None:
         raise ValueError(
             f"fusegraph.{op}: argument 'out_dtype' is {out_dtype}; expected float32, bfloat16, float16 or float64"
         )
+
+
+def check_row_param(x: torch.Tensor, p: torch.Tensor, op: str, arg: str) -> None:
+    """A per-channel parameter (a norm's weight or bias): a float tensor of shape [x.shape[-1]] on x's device."""
+    check_float_tensor(p, op, arg)
+    check_same_device(x, "x", p, op, arg)
+    D = x.shape[-1]
+    if p.dim() != 1 or p.shape[0] != D:
+        raise RuntimeError(
+            f"fusegraph.{op}: argument '{arg}' has shape {list(p.shape)}; expected [{D}] "
+            f"(x's last dim; x has shape {list(x.shape)})"
+        )

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ._autograd import compute_dtype, grad_like, needs_input_grad, rows_sum, sum_to, register as register_autograd
-from ._checks import check_eps, check_float_tensor, check_out_dtype, check_same_device
+from ._checks import check_eps, check_float_tensor, check_out_dtype, check_row_param, check_same_device
 
 NORMS = ("layer", "rms")
 
@@ -49,17 +49,6 @@ def adaln(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor | None, eps:
     return torch.ops.fusegraph.adaln(x, scale, shift, eps, weight=weight, bias=bias, out_dtype=out_dtype, norm=norm)
 
 
-def _check_param(x: torch.Tensor, p: torch.Tensor, arg: str) -> None:
-    check_float_tensor(p, "adaln", arg)
-    check_same_device(x, "x", p, "adaln", arg)
-    D = x.shape[-1]
-    if p.dim() != 1 or p.shape[0] != D:
-        raise RuntimeError(
-            f"fusegraph.adaln: argument '{arg}' has shape {list(p.shape)}; expected [{D}] "
-            f"(x's last dim; x has shape {list(x.shape)})"
-        )
-
-
 def _check_modulation(x: torch.Tensor, m: torch.Tensor, arg: str) -> None:
     check_float_tensor(m, "adaln", arg)
     check_same_device(x, "x", m, "adaln", arg)
@@ -94,9 +83,9 @@ def check_adaln_args(x, scale, shift, eps, weight, bias, out_dtype) -> torch.dty
     if shift is not None:
         _check_modulation(x, shift, "shift")
     if weight is not None:
-        _check_param(x, weight, "weight")
+        check_row_param(x, weight, "adaln", "weight")
     if bias is not None:
-        _check_param(x, bias, "bias")
+        check_row_param(x, bias, "adaln", "bias")
     check_eps(eps, "adaln")
     check_out_dtype(out_dtype, "adaln")
     if out_dtype is not None:

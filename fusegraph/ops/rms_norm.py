@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ._autograd import compute_dtype, needs_input_grad, rows_sum, register as register_autograd
-from ._checks import check_eps, check_float_tensor, check_same_device
+from ._checks import check_eps, check_float_tensor, check_row_param
 
 STYLES = ("torch", "diffusers")
 _HALF = (torch.bfloat16, torch.float16)
@@ -54,17 +54,6 @@ def rms_norm_out_dtype(x: torch.Tensor, weight: torch.Tensor | None, bias: torch
     return out
 
 
-def _check_param(x: torch.Tensor, p: torch.Tensor, arg: str) -> None:
-    check_float_tensor(p, "rms_norm", arg)
-    check_same_device(x, "x", p, "rms_norm", arg)
-    D = x.shape[-1]
-    if p.dim() != 1 or p.shape[0] != D:
-        raise RuntimeError(
-            f"fusegraph.rms_norm: argument '{arg}' has shape {list(p.shape)}; expected [{D}] "
-            f"(x's last dim; x has shape {list(x.shape)})"
-        )
-
-
 def check_rms_norm_args(x, weight, eps, bias, style) -> torch.dtype:
     if style not in STYLES:
         raise ValueError(f"fusegraph.rms_norm: argument 'style' is \"{style}\"; expected \"torch\" or \"diffusers\"")
@@ -75,9 +64,9 @@ def check_rms_norm_args(x, weight, eps, bias, style) -> torch.dtype:
             "expected at least 1 dim (the normalised last dim)"
         )
     if weight is not None:
-        _check_param(x, weight, "weight")
+        check_row_param(x, weight, "rms_norm", "weight")
     if bias is not None:
-        _check_param(x, bias, "bias")
+        check_row_param(x, bias, "rms_norm", "bias")
     check_eps(eps, "rms_norm")
     return rms_norm_out_dtype(x, weight, bias, style)
 
