@@ -43,7 +43,7 @@ _FG = None
 def _ops():
     global _FG
     if _FG is None:
-        import fusegraph.ops  # noqa: F401  (registers the ops)
+        from .. import ops  # noqa: F401  (registers the ops)
 
         fg = torch.ops.fusegraph
         _FG = {fg.rms_norm.default: "rms_norm", fg.adaln.default: "adaln", fg.rope.default: "rope",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from fusegraph.config import CompilationConfig
+from ..config import CompilationConfig
 
 
 @dataclass(frozen=True)

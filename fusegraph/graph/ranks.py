@@ -137,7 +137,7 @@ def tensor_signature(leaves) -> str:
     """What must be the same on every rank: the tensor arguments' shapes, dtypes and device types. Non-tensor
     values may differ by rank and still be one program: under context parallelism Dynamo passes each rank's
     sequence offset as an int (rank 0's specialised away, rank 1's 384), so they are not compared."""
-    from fusegraph import _C
+    from .. import _C
 
     return _C.graph.GraphCache.describe_signature([x for x in leaves if isinstance(x, torch.Tensor)])
 

@@ -100,7 +100,7 @@ def register(qualname: str, backward, *, setup_context) -> None:
 def apply(name: str, overload: str, args: list):
     """Runs the op ``name.overload`` on every argument of its schema (in order) with autograd."""
     if (name, overload) not in _FUNCTIONS:  # the op modules register on import
-        import fusegraph.ops  # noqa: F401
+        from .. import ops  # noqa: F401
     function, positional, kw_names = _FUNCTIONS[(name, overload)]
     kw = _KeywordOnly(dict(zip(kw_names, args[positional:])))
     return function.apply(*args[:positional], kw)
