@@ -3,8 +3,8 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include "common/checks.h"
-#include "common/output.h"
+#include "ops/checks.h"
+#include "ops/output.h"
 
 namespace fusegraph {
 
@@ -131,7 +131,7 @@ at::Tensor adaln_cpu(const at::Tensor& x_in, const at::Tensor& scale_in, const s
   if (out.numel() == 0) return out;
 
   const int64_t k = x.dim() - 1;
-  const RowLayout layout(x.sizes().slice(0, k),
+  const RowOffsets layout(x.sizes().slice(0, k),
                          {x.strides().slice(0, k), scale.strides().slice(0, k), shift.strides().slice(0, k)});
   AdalnKernelArgs args{x.const_data_ptr(),
                        scale.const_data_ptr(),

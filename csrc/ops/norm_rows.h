@@ -4,6 +4,9 @@
 // Several tensors that share the leading shape (x and broadcast scale/shift, expanded with 0 strides)
 // are addressed together, after coalescing dims that are contiguous for all of them. This lets the
 // kernels read strided rows and [B,1,D] views from `chunk` in place, without copies.
+// RowOffsets holds the coalesced dims and every tensor's strides (any rank) and walks rows with a Cursor.
+// The CUDA kernels coalesce by the same rule into a fixed-size cuda::RowLayout (sizes only, passed by value
+// to the device) with the strides in each cuda::Operand (csrc/ops/cuda/launch.h, tensor_args.h).
 #include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
@@ -14,12 +17,12 @@
 
 namespace fusegraph {
 
-class RowLayout {
+class RowOffsets {
  public:
   static constexpr int kMaxTensors = 3;
 
   // lead_sizes: the shared leading shape; lead_strides: each tensor's strides (elements) over those dims.
-  RowLayout(c10::IntArrayRef lead_sizes, std::initializer_list<c10::IntArrayRef> lead_strides)
+  RowOffsets(c10::IntArrayRef lead_sizes, std::initializer_list<c10::IntArrayRef> lead_strides)
       : ntensors_(static_cast<int>(lead_strides.size())) {
     TORCH_INTERNAL_ASSERT(ntensors_ >= 1 && ntensors_ <= kMaxTensors);
     for (const auto& s : lead_strides) TORCH_INTERNAL_ASSERT(s.size() == lead_sizes.size());
@@ -63,7 +66,7 @@ class RowLayout {
   // short row's time).
   class Cursor {
    public:
-    Cursor(const RowLayout& layout, int64_t row) : layout_(layout) {
+    Cursor(const RowOffsets& layout, int64_t row) : layout_(layout) {
       // assign, not the (size, value) constructor: a GCC 12 -Wmaybe-uninitialized false positive.
       idx_.assign(layout.sizes_.size(), 0);
       layout.offsets(row, off_);
@@ -88,7 +91,7 @@ class RowLayout {
     }
 
    private:
-    const RowLayout& layout_;
+    const RowOffsets& layout_;
     c10::SmallVector<int64_t, 4> idx_;
     int64_t off_[kMaxTensors] = {0, 0, 0};
   };

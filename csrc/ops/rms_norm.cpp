@@ -3,8 +3,8 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include "common/checks.h"
-#include "common/output.h"
+#include "ops/checks.h"
+#include "ops/output.h"
 
 namespace fusegraph {
 
@@ -100,7 +100,7 @@ at::Tensor rms_norm_cpu(const at::Tensor& x_in, const std::optional<at::Tensor>&
   const at::ScalarType round_dtype = (style == RmsNormStyle::Diffusers && has_w && is_half(weight_in->scalar_type()))
                                          ? weight_in->scalar_type()
                                          : at::ScalarType::Undefined;
-  const RowLayout layout(x.sizes().slice(0, x.dim() - 1), {x.strides().slice(0, x.dim() - 1)});
+  const RowOffsets layout(x.sizes().slice(0, x.dim() - 1), {x.strides().slice(0, x.dim() - 1)});
   RmsNormKernelArgs args{x.const_data_ptr(),
                          out.mutable_data_ptr(),
                          has_w ? w.const_data_ptr<float>() : nullptr,

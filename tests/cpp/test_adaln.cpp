@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "ops/adaln.h"
-#include "ops/cpu/dispatch.h"
+#include "ops/cpu/isa_dispatch.h"
 
 namespace {
 

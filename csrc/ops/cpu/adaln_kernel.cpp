@@ -1,4 +1,4 @@
-// Compiled once per CPU capability (see dispatch.h). Adaptive norm modulation over rows of D elements:
+// Compiled once per CPU capability (see isa_dispatch.h). Adaptive norm modulation over rows of D elements:
 // y = norm(x)[*w + b] * (1 + scale) [+ shift], float32 math, one rounding at the store.
 // LayerNorm, per row: pass 1 reads x from memory and sums it; pass 2 sums d = x - mean and d^2 from cache
 // (corrected two-pass variance: accurate for rows with a large mean, unlike E[x^2] - mean^2); pass 3 reads x
@@ -12,7 +12,6 @@
 // affine into the modulation once for the rows that share them, mul = w * (1 + scale) and
 // add = b * (1 + scale) + shift, as float32 vectors (same values for every row, so the results are bitwise
 // those of the per-row computation); pass 3 is then one fmadd per element (a multiply without shift and bias).
-#include "common/dispatch.h"
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
@@ -23,6 +22,7 @@
 #include <type_traits>
 
 #include "ops/adaln.h"
+#include "ops/cpu/dtype_dispatch.h"
 #include "ops/cpu/vec_io.h"
 
 namespace fusegraph::cpu {
@@ -269,7 +269,7 @@ void adaln_task(const AdalnKernelArgs& p, int64_t r0, int64_t r1) {
     }
   };
 
-  RowLayout::Cursor cursor(*p.layout, r0);
+  RowOffsets::Cursor cursor(*p.layout, r0);
   for (int64_t r = r0; r < r1; r += group) {
     const int64_t g = std::min(group, r1 - r);
     int64_t off[kMaxRowGroup][3];

@@ -1,4 +1,4 @@
-// Compiled once per CPU capability (see dispatch.h). RMSNorm over rows of D elements: float32 math,
+// Compiled once per CPU capability (see isa_dispatch.h). RMSNorm over rows of D elements: float32 math,
 // one rounding to the output dtype (plus the diffusers rounding points when asked for).
 // Per row: pass 1 reads the row from memory and accumulates sum(x^2) in four vector accumulators (rows
 // longer than kSumChunk: per chunk, the chunk sums added in double; one long run of float adds per lane
@@ -6,7 +6,6 @@
 // <= 12288 elements fits in L1/L2) and writes the output.
 // bf16/fp16 rows are widened once in pass 1 into a per-task float32 buffer that pass 2 reads, so each
 // element is converted once, not twice.
-#include "common/dispatch.h"
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
@@ -16,6 +15,7 @@
 #include <memory>
 #include <type_traits>
 
+#include "ops/cpu/dtype_dispatch.h"
 #include "ops/cpu/vec_io.h"
 #include "ops/rms_norm.h"
 
@@ -101,7 +101,7 @@ void rms_norm_task(const RmsNormKernelArgs& p, int64_t r0, int64_t r1) {
   const int64_t group = row_group(D);
   std::unique_ptr<float[]> buf(kWiden ? new float[group * buf_len] : nullptr);
 
-  RowLayout::Cursor cursor(*p.layout, r0);
+  RowOffsets::Cursor cursor(*p.layout, r0);
   for (int64_t r = r0; r < r1; r += group) {
     const int64_t g = std::min(group, r1 - r);
     const T_x* xr[kMaxRowGroup];
