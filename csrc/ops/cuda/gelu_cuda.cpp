@@ -5,10 +5,10 @@
 #include <torch/library.h>
 
 #include "ops/checks.h"
-#include "ops/output.h"
 #include "ops/cuda/launch.h"
 #include "ops/cuda/tensor_args.h"
 #include "ops/gelu.h"
+#include "ops/output.h"
 
 namespace fusegraph {
 namespace {

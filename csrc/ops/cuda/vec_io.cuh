@@ -108,40 +108,25 @@ __device__ __forceinline__ void load_elems(const void* base, int64_t off, int64_
   for (int i = 0; i < N; ++i) out[i] = load_scalar(base, off + i * stride, dt);
 }
 
+// N floats rounded once to T, stored contiguously at p: vector stores (kVec: p aligned as for load_elems)
+// or one element at a time.
+template <typename T, int N, bool kVec>
+__device__ __forceinline__ void store_as(T* p, const float* in) {
+  if (kVec) {
+    store_typed<T, N>(p, in);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) p[i] = from_float<T>(in[i]);
+  }
+}
+
 // N floats rounded once to `dt`, stored contiguously at element offset `off` of `base`.
 template <int N, bool kVec>
 __device__ __forceinline__ void store_elems(void* base, int64_t off, DType dt, const float* in) {
   switch (dt) {
-    case DType::BFloat16: {
-      auto* p = static_cast<__nv_bfloat16*>(base) + off;
-      if (kVec) {
-        store_typed<__nv_bfloat16, N>(p, in);
-      } else {
-#pragma unroll
-        for (int i = 0; i < N; ++i) p[i] = from_float<__nv_bfloat16>(in[i]);
-      }
-      return;
-    }
-    case DType::Float16: {
-      auto* p = static_cast<__half*>(base) + off;
-      if (kVec) {
-        store_typed<__half, N>(p, in);
-      } else {
-#pragma unroll
-        for (int i = 0; i < N; ++i) p[i] = from_float<__half>(in[i]);
-      }
-      return;
-    }
-    default: {
-      auto* p = static_cast<float*>(base) + off;
-      if (kVec) {
-        store_typed<float, N>(p, in);
-      } else {
-#pragma unroll
-        for (int i = 0; i < N; ++i) p[i] = in[i];
-      }
-      return;
-    }
+    case DType::BFloat16: store_as<__nv_bfloat16, N, kVec>(static_cast<__nv_bfloat16*>(base) + off, in); return;
+    case DType::Float16: store_as<__half, N, kVec>(static_cast<__half*>(base) + off, in); return;
+    default: store_as<float, N, kVec>(static_cast<float*>(base) + off, in); return;
   }
 }
 
