@@ -5,12 +5,12 @@
 #include <ATen/ScalarOps.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
-#include "common/output.h"
+#include "ops/output.h"
 #include "graph/cache.h"
 #include "graph/frozen_guard.h"
 #include "graph/host_graph.h"
 #include "ops/autograd.h"
-#include "ops/cpu/dispatch.h"
+#include "ops/cpu/isa_dispatch.h"
 
 #include <torch/csrc/DynamicTypes.h>
 

@@ -3,8 +3,8 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include "common/checks.h"
-#include "common/output.h"
+#include "ops/checks.h"
+#include "ops/output.h"
 
 namespace fusegraph {
 
@@ -109,7 +109,7 @@ at::Tensor adaln_cpu(const at::Tensor& x_in, const at::Tensor& scale_in, const s
     return adaln_float64(x_in, scale_in, shift_in, eps, weight_in, bias_in, out_dtype, norm);
   }
 
-  const at::Tensor x = last_dim_contiguous(x_in);
+  at::Tensor x = last_dim_contiguous(x_in);
   const int64_t D = x.size(-1);
   // The kernel reads scale and shift in one dtype, x's or float32. The usual cases (both x's dtype, or
   // both float32) are read in place; any other mix is upcast to float32 (exact) first.
@@ -130,9 +130,7 @@ at::Tensor adaln_cpu(const at::Tensor& x_in, const at::Tensor& scale_in, const s
   at::Tensor out = new_output(x.sizes(), x.options().dtype(out_dtype));
   if (out.numel() == 0) return out;
 
-  const int64_t k = x.dim() - 1;
-  const RowLayout layout(x.sizes().slice(0, k),
-                         {x.strides().slice(0, k), scale.strides().slice(0, k), shift.strides().slice(0, k)});
+  const RowOffsets layout = RowOffsets::plan({&x, &scale, &shift});
   AdalnKernelArgs args{x.const_data_ptr(),
                        scale.const_data_ptr(),
                        has_shift ? shift.const_data_ptr() : nullptr,

@@ -6,7 +6,7 @@
 
 #include <optional>
 
-#include "ops/cpu/dispatch.h"
+#include "ops/cpu/isa_dispatch.h"
 #include "ops/norm_rows.h"
 
 namespace fusegraph {
@@ -47,8 +47,8 @@ struct AdalnKernelArgs {
   at::ScalarType out_dtype;
   int64_t rows;
   int64_t D;
-  double eps;               // layer: var + eps and the square root in double; rms: in float32, as eager
-  const RowLayout* layout;  // three tensors: x, scale, shift (scale's strides again when there is no shift)
+  double eps;                // layer: var + eps and the square root in double; rms: in float32, as eager
+  const RowOffsets* layout;  // three tensors: x, scale, shift (scale's strides again when there is no shift)
   bool rms;
 };
 using adaln_fn = void (*)(const AdalnKernelArgs& args);

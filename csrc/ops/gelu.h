@@ -2,7 +2,7 @@
 // tanh-GELU and the sigmoid "fast" GELU: elementwise, one read and one write.
 #include <ATen/core/Tensor.h>
 
-#include "ops/cpu/dispatch.h"
+#include "ops/cpu/isa_dispatch.h"
 
 namespace fusegraph {
 

@@ -1,102 +1,87 @@
 #pragma once
-// Row addressing for the row-wise norm kernels (rms_norm, adaln). A tensor of rank k+1 is a set of rows
-// (the last dim, contiguous) indexed by its k leading dims; the row's start is sum_d idx_d * stride_d.
-// Several tensors that share the leading shape (x and broadcast scale/shift, expanded with 0 strides)
-// are addressed together, after coalescing dims that are contiguous for all of them. This lets the
-// kernels read strided rows and [B,1,D] views from `chunk` in place, without copies.
+// Row addressing for the CPU norm kernels (rms_norm, adaln): up to three tensors that share one RowLayout
+// (x and broadcast scale/shift, expanded with 0 strides), each with its strides over the layout's outer
+// dims (the row's start in tensor t is sum_d idx_d * strides[t][d]; the last dim is contiguous). This lets
+// the kernels read strided rows and [B,1,D] views from `chunk` in place, without copies.
+#include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
-#include <c10/util/SmallVector.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 
+#include "ops/row_layout.h"
+#include "ops/row_plan.h"
+
 namespace fusegraph {
 
-class RowLayout {
- public:
+struct RowOffsets {
   static constexpr int kMaxTensors = 3;
 
-  // lead_sizes: the shared leading shape; lead_strides: each tensor's strides (elements) over those dims.
-  RowLayout(c10::IntArrayRef lead_sizes, std::initializer_list<c10::IntArrayRef> lead_strides)
-      : ntensors_(static_cast<int>(lead_strides.size())) {
-    TORCH_INTERNAL_ASSERT(ntensors_ >= 1 && ntensors_ <= kMaxTensors);
-    for (const auto& s : lead_strides) TORCH_INTERNAL_ASSERT(s.size() == lead_sizes.size());
-    for (size_t d = 0; d < lead_sizes.size(); ++d) {
-      if (lead_sizes[d] == 1) continue;  // index always 0: stride irrelevant
-      bool merge = !sizes_.empty();
-      int t = 0;
-      for (const auto& s : lead_strides) {
-        // dim d continues the previous kept dim when prev_stride == stride * size for every tensor
-        if (merge && strides_[(sizes_.size() - 1) * kMaxTensors + t] != s[d] * lead_sizes[d]) merge = false;
-        ++t;
-      }
-      if (merge) {
-        sizes_.back() *= lead_sizes[d];
-        t = 0;
-        for (const auto& s : lead_strides) strides_[(sizes_.size() - 1) * kMaxTensors + t++] = s[d];
-      } else {
-        sizes_.push_back(lead_sizes[d]);
-        t = 0;
-        strides_.resize(sizes_.size() * kMaxTensors, 0);
-        for (const auto& s : lead_strides) strides_[(sizes_.size() - 1) * kMaxTensors + t++] = s[d];
-      }
-    }
+  RowLayout layout;
+  int ntensors = 0;
+  int64_t strides[kMaxTensors][kMaxOuterDims] = {};  // [tensor][outer dim]
+
+  // The rows of `tensors` (expanded to one shape), planned by plan_or_copy: a tensor with more leading dims
+  // than a RowLayout keeps is replaced by a contiguous copy.
+  static RowOffsets plan(std::initializer_list<at::Tensor*> tensors) {
+    TORCH_INTERNAL_ASSERT(tensors.size() >= 1 && tensors.size() <= kMaxTensors);
+    RowOffsets r;
+    r.ntensors = static_cast<int>(tensors.size());
+    int64_t* outer_strides[kMaxTensors] = {r.strides[0], r.strides[1], r.strides[2]};
+    r.layout = plan_or_copy(tensors, [&] {
+      const at::Tensor* ts[kMaxTensors];
+      size_t k = 0;
+      for (const at::Tensor* t : tensors) ts[k++] = t;
+      return coalesce_rows(ts[0]->sizes(), c10::ArrayRef<const at::Tensor*>(ts, k), outer_strides);
+    });
+    return r;
   }
 
   // Element offsets of row `row` (row-major over the leading shape) for each tensor, into off[0..n).
   inline void offsets(int64_t row, int64_t* off) const {
-    for (int t = 0; t < ntensors_; ++t) off[t] = 0;
-    for (int64_t d = static_cast<int64_t>(sizes_.size()) - 1; d >= 0; --d) {
-      const int64_t size = sizes_[d];
+    for (int t = 0; t < ntensors; ++t) off[t] = 0;
+    for (int d = layout.ndim - 1; d >= 0; --d) {
+      const int64_t size = layout.sizes[d];
       const int64_t idx = row % size;
       row /= size;
-      for (int t = 0; t < ntensors_; ++t) off[t] += idx * strides_[d * kMaxTensors + t];
+      for (int t = 0; t < ntensors; ++t) off[t] += idx * strides[t][d];
     }
   }
-
-  int64_t num_dims() const { return static_cast<int64_t>(sizes_.size()); }
 
   // Walks consecutive rows from `row` on: the offsets of the first come from offsets(), each next one from
   // an odometer step (an add per tensor, no division: offsets() divides once per dim, a visible share of a
   // short row's time).
   class Cursor {
    public:
-    Cursor(const RowLayout& layout, int64_t row) : layout_(layout) {
-      // assign, not the (size, value) constructor: a GCC 12 -Wmaybe-uninitialized false positive.
-      idx_.assign(layout.sizes_.size(), 0);
-      layout.offsets(row, off_);
-      for (int64_t d = static_cast<int64_t>(idx_.size()) - 1; d >= 0; --d) {
-        idx_[d] = row % layout.sizes_[d];
-        row /= layout.sizes_[d];
+    Cursor(const RowOffsets& rows, int64_t row) : rows_(rows) {
+      rows.offsets(row, off_);
+      for (int d = rows.layout.ndim - 1; d >= 0; --d) {
+        idx_[d] = row % rows.layout.sizes[d];
+        row /= rows.layout.sizes[d];
       }
     }
     // Offset of the current row in tensor t.
     int64_t operator[](int t) const { return off_[t]; }
     void next() {
-      const int n = layout_.ntensors_;
-      for (int64_t d = static_cast<int64_t>(idx_.size()) - 1; d >= 0; --d) {
-        const int64_t* st = &layout_.strides_[d * kMaxTensors];
-        if (++idx_[d] < layout_.sizes_[d]) {
-          for (int t = 0; t < n; ++t) off_[t] += st[t];
+      const int n = rows_.ntensors;
+      for (int d = rows_.layout.ndim - 1; d >= 0; --d) {
+        const int64_t size = rows_.layout.sizes[d];
+        if (++idx_[d] < size) {
+          for (int t = 0; t < n; ++t) off_[t] += rows_.strides[t][d];
           return;
         }
-        for (int t = 0; t < n; ++t) off_[t] -= (layout_.sizes_[d] - 1) * st[t];
+        for (int t = 0; t < n; ++t) off_[t] -= (size - 1) * rows_.strides[t][d];
         idx_[d] = 0;
       }
     }
 
    private:
-    const RowLayout& layout_;
-    c10::SmallVector<int64_t, 4> idx_;
+    const RowOffsets& rows_;
+    int64_t idx_[kMaxOuterDims] = {};
     int64_t off_[kMaxTensors] = {0, 0, 0};
   };
-
- private:
-  int ntensors_;
-  c10::SmallVector<int64_t, 4> sizes_;
-  c10::SmallVector<int64_t, 4 * kMaxTensors> strides_;
 };
 
 // Rows per parallel task: at least ~16K elements, so small rows are not split into tiny tasks. Rows are

@@ -3,8 +3,8 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include "common/checks.h"
-#include "common/output.h"
+#include "ops/checks.h"
+#include "ops/output.h"
 
 namespace fusegraph {
 
@@ -88,7 +88,7 @@ at::Tensor rms_norm_cpu(const at::Tensor& x_in, const std::optional<at::Tensor>&
   }
 
   // Rows may be strided; the last dim must be contiguous for vector loads.
-  const at::Tensor x = (x_in.size(-1) <= 1 || x_in.stride(-1) == 1) ? x_in : x_in.contiguous();
+  at::Tensor x = (x_in.size(-1) <= 1 || x_in.stride(-1) == 1) ? x_in : x_in.contiguous();
   const int64_t D = x.size(-1);
   // Parameters are [D]: one float32 copy each (exact upcast) keeps the kernel free of their dtype.
   const at::Tensor w = has_w ? weight_in->to(at::kFloat).contiguous() : at::Tensor();
@@ -100,7 +100,7 @@ at::Tensor rms_norm_cpu(const at::Tensor& x_in, const std::optional<at::Tensor>&
   const at::ScalarType round_dtype = (style == RmsNormStyle::Diffusers && has_w && is_half(weight_in->scalar_type()))
                                          ? weight_in->scalar_type()
                                          : at::ScalarType::Undefined;
-  const RowLayout layout(x.sizes().slice(0, x.dim() - 1), {x.strides().slice(0, x.dim() - 1)});
+  const RowOffsets layout = RowOffsets::plan({&x});
   RmsNormKernelArgs args{x.const_data_ptr(),
                          out.mutable_data_ptr(),
                          has_w ? w.const_data_ptr<float>() : nullptr,

@@ -6,7 +6,7 @@
 
 #include <optional>
 
-#include "ops/cpu/dispatch.h"
+#include "ops/cpu/isa_dispatch.h"
 #include "ops/norm_rows.h"
 
 namespace fusegraph {
@@ -43,8 +43,8 @@ struct RmsNormKernelArgs {
   at::ScalarType round_dtype;
   int64_t rows;
   int64_t D;
-  double eps;               // as given; added to the float32 mean in float32, as eager does
-  const RowLayout* layout;  // one tensor: x
+  double eps;                // as given; added to the float32 mean in float32, as eager does
+  const RowOffsets* layout;  // one tensor: x
 };
 using rms_norm_fn = void (*)(const RmsNormKernelArgs& args);
 FG_DECLARE_CPU_STUB(rms_norm_stub, rms_norm_fn);

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "common/checks.h"
-#include "common/output.h"
+#include "ops/checks.h"
+#include "ops/output.h"
 
 namespace fusegraph {
 

@@ -6,7 +6,7 @@
 
 #include <optional>
 
-#include "ops/cpu/dispatch.h"
+#include "ops/cpu/isa_dispatch.h"
 
 namespace fusegraph {
 

@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "ops/adaln.h"
-#include "ops/cpu/dispatch.h"
+#include "ops/cpu/isa_dispatch.h"
 
 namespace {
 
@@ -115,6 +115,18 @@ TEST(Adaln, RmsNormWithAndWithoutShiftMatchesComposition) {
       EXPECT_TRUE(at::allclose(out, ref, 1e-5, 1e-5)) << "D=" << D << " shift=" << with_shift;
     }
   }
+}
+
+TEST(Adaln, MoreLeadingDimsThanARowLayoutKeeps) {
+  // Eight leading dims in reverse memory order (x) and a broadcast scale: more dims than kMaxOuterDims remain
+  // after coalescing, so the op reads contiguous copies; same values as with contiguous inputs.
+  const at::Tensor x = at::randn({2, 3, 2, 3, 2, 3, 2, 3, 24}).permute({7, 6, 5, 4, 3, 2, 1, 0, 8});
+  const at::Tensor scale = at::randn({3, 1, 3, 1, 3, 1, 3, 1, 24});
+  const at::Tensor shift = at::randn({24});
+  const at::Tensor out = call_adaln(x, scale, shift, 1e-6);
+  const at::Tensor ref = call_adaln(x.contiguous(), scale.expand(x.sizes()).contiguous(), shift, 1e-6);
+  EXPECT_TRUE(at::equal(out, ref));
+  EXPECT_TRUE(at::allclose(out, composition64(x, scale, shift, 1e-6).to(at::kFloat), 1e-5, 1e-5));
 }
 
 TEST(Adaln, LayerNormWithoutShiftMatchesComposition) {

@@ -4,7 +4,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <gtest/gtest.h>
 
-#include "ops/cpu/dispatch.h"
+#include "ops/cpu/isa_dispatch.h"
 #include "ops/mul_add.h"
 
 namespace {

@@ -3,7 +3,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <gtest/gtest.h>
 
-#include "ops/cpu/dispatch.h"
+#include "ops/cpu/isa_dispatch.h"
 #include "ops/rms_norm.h"
 
 namespace {
@@ -55,6 +55,16 @@ TEST(RmsNorm, NonContiguousRowsAndBias) {
   const at::Tensor ref = at::rms_norm(x, {50}, w, 1e-5) + b;
   EXPECT_TRUE(out.is_contiguous());
   EXPECT_TRUE(at::allclose(out, ref, 1e-5, 1e-5));
+}
+
+TEST(RmsNorm, MoreLeadingDimsThanARowLayoutKeeps) {
+  // Eight leading dims in reverse memory order: none merge, more than kMaxOuterDims; the op reads a copy.
+  const at::Tensor x = at::randn({2, 3, 2, 3, 2, 3, 2, 3, 40}).permute({7, 6, 5, 4, 3, 2, 1, 0, 8});
+  const at::Tensor w = at::randn({40});
+  const at::Tensor out = call_rms_norm(x, w, 1e-5, std::nullopt, "torch");
+  const at::Tensor ref = call_rms_norm(x.contiguous(), w, 1e-5, std::nullopt, "torch");
+  EXPECT_TRUE(at::equal(out, ref));
+  EXPECT_TRUE(at::allclose(out, at::rms_norm(x, {40}, w, 1e-5), 1e-5, 1e-5));
 }
 
 TEST(RmsNorm, BadArgumentsNameTheArgument) {

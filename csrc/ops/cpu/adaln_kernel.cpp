@@ -1,4 +1,4 @@
-// Compiled once per CPU capability (see dispatch.h). Adaptive norm modulation over rows of D elements:
+// Compiled once per CPU capability (see isa_dispatch.h). Adaptive norm modulation over rows of D elements:
 // y = norm(x)[*w + b] * (1 + scale) [+ shift], float32 math, one rounding at the store.
 // LayerNorm, per row: pass 1 reads x from memory and sums it; pass 2 sums d = x - mean and d^2 from cache
 // (corrected two-pass variance: accurate for rows with a large mean, unlike E[x^2] - mean^2); pass 3 reads x
@@ -12,7 +12,6 @@
 // affine into the modulation once for the rows that share them, mul = w * (1 + scale) and
 // add = b * (1 + scale) + shift, as float32 vectors (same values for every row, so the results are bitwise
 // those of the per-row computation); pass 3 is then one fmadd per element (a multiply without shift and bias).
-#include "common/dispatch.h"
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
@@ -23,6 +22,8 @@
 #include <type_traits>
 
 #include "ops/adaln.h"
+#include "ops/cpu/dtype_dispatch.h"
+#include "ops/cpu/row_sums.h"
 #include "ops/cpu/vec_io.h"
 
 namespace fusegraph::cpu {
@@ -35,60 +36,6 @@ inline void mask_tail(fVec& a, fVec& b, int64_t n) {
   const fVec zero(0.0f);
   a = fVec::set(zero, a, std::min(n, kV));
   b = fVec::set(zero, b, n > kV ? n - kV : 0);
-}
-
-// Elements per chunk of the row sums (a multiple of every capability's kBlock). A row of <= kSumChunk
-// elements is one chunk, summed (and its statistics computed) as before chunking.
-constexpr int64_t kSumChunk = 4096;
-
-// sum(x) over xr[i0, i1) in four float32 vector accumulators (two blocks per step: independent add chains).
-// Lanes past the end load as zero and add nothing.
-template <typename T_x>
-C10_ALWAYS_INLINE float sum_row(const T_x* xr, int64_t i0, int64_t i1) {
-  constexpr int64_t kB = VecIO<float>::kBlock;
-  fVec s0(0.0f), s1(0.0f), s2(0.0f), s3(0.0f);
-  int64_t i = i0;
-  for (; i + 2 * kB <= i1; i += 2 * kB) {
-    fVec a, b, c, d;
-    VecIO<T_x>::load(xr + i, a, b);
-    VecIO<T_x>::load(xr + i + kB, c, d);
-    s0 = s0 + a;
-    s1 = s1 + b;
-    s2 = s2 + c;
-    s3 = s3 + d;
-  }
-  for (; i < i1; i += kB) {
-    fVec a, b;
-    load_block(xr + i, a, b, std::min(kB, i1 - i));
-    s0 = s0 + a;
-    s1 = s1 + b;
-  }
-  return sum_lanes((s0 + s1) + (s2 + s3));
-}
-
-// sum(x^2) over xr[i0, i1) in four float32 vector accumulators (two blocks per step: independent FMA chains).
-// Lanes past the end load as zero and add nothing.
-template <typename T_x>
-C10_ALWAYS_INLINE float sum_squares_row(const T_x* xr, int64_t i0, int64_t i1) {
-  constexpr int64_t kB = VecIO<float>::kBlock;
-  fVec s0(0.0f), s1(0.0f), s2(0.0f), s3(0.0f);
-  int64_t i = i0;
-  for (; i + 2 * kB <= i1; i += 2 * kB) {
-    fVec a, b, c, d;
-    VecIO<T_x>::load(xr + i, a, b);
-    VecIO<T_x>::load(xr + i + kB, c, d);
-    s0 = at::vec::fmadd(a, a, s0);
-    s1 = at::vec::fmadd(b, b, s1);
-    s2 = at::vec::fmadd(c, c, s2);
-    s3 = at::vec::fmadd(d, d, s3);
-  }
-  for (; i < i1; i += kB) {
-    fVec a, b;
-    load_block(xr + i, a, b, std::min(kB, i1 - i));
-    s0 = at::vec::fmadd(a, a, s0);
-    s1 = at::vec::fmadd(b, b, s1);
-  }
-  return sum_lanes((s0 + s1) + (s2 + s3));
 }
 
 // The lane sums of d and d^2 for the deviations d = x - mean over xr[i0, i1) (read again from cache).
@@ -133,22 +80,13 @@ C10_ALWAYS_INLINE RowStats row_stats(const T_x* xr, int64_t D, double eps, bool 
   RowStats st;
   if (rms) {
     // RMSNorm: as eager, mean of squares in float32, + eps in float32.
-    float ss;
-    if (D <= kSumChunk) {
-      ss = sum_squares_row(xr, 0, D);
-    } else {
-      double total = 0.0;
-      for (int64_t c0 = 0; c0 < D; c0 += kSumChunk) {
-        total += static_cast<double>(sum_squares_row(xr, c0, std::min(D, c0 + kSumChunk)));
-      }
-      ss = static_cast<float>(total);
-    }
+    const float ss = sum_row<false, AddSquares>(xr, nullptr, D);
     st.rstd = fVec(1.0f / std::sqrt(ss / d_f + static_cast<float>(eps)));
     return st;
   }
   double var;
   if (D <= kSumChunk) {
-    st.mean = fVec(sum_row(xr, 0, D) / d_f);
+    st.mean = fVec(sum_blocks<false>(xr, nullptr, 0, D, AddValues{}) / d_f);
     fVec lanes_d(0.0f), lanes_q(0.0f);
     sum_deviations(xr, st.mean, 0, D, lanes_d, lanes_q);
     const float sum_d = sum_lanes(lanes_d);
@@ -157,7 +95,7 @@ C10_ALWAYS_INLINE RowStats row_stats(const T_x* xr, int64_t D, double eps, bool 
   } else {
     double sum_x = 0.0, sum_d = 0.0, sum_q = 0.0;
     for (int64_t c0 = 0; c0 < D; c0 += kSumChunk) {
-      sum_x += static_cast<double>(sum_row(xr, c0, std::min(D, c0 + kSumChunk)));
+      sum_x += static_cast<double>(sum_blocks<false>(xr, nullptr, c0, std::min(D, c0 + kSumChunk), AddValues{}));
     }
     const double d_d = static_cast<double>(D);
     st.mean = fVec(static_cast<float>(sum_x / d_d));
@@ -269,7 +207,7 @@ void adaln_task(const AdalnKernelArgs& p, int64_t r0, int64_t r1) {
     }
   };
 
-  RowLayout::Cursor cursor(*p.layout, r0);
+  RowOffsets::Cursor cursor(*p.layout, r0);
   for (int64_t r = r0; r < r1; r += group) {
     const int64_t g = std::min(group, r1 - r);
     int64_t off[kMaxRowGroup][3];

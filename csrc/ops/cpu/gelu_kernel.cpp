@@ -1,6 +1,5 @@
-// Compiled once per CPU capability (see dispatch.h). Elementwise GELU variants, computed in float32 and
+// Compiled once per CPU capability (see isa_dispatch.h). Elementwise GELU variants, computed in float32 and
 // rounded once to the input dtype.
-#include "common/dispatch.h"
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/cpu/vec/functional.h>
@@ -8,6 +7,7 @@
 
 #include <type_traits>
 
+#include "ops/cpu/dtype_dispatch.h"
 #include "ops/cpu/vec_io.h"
 #include "ops/gelu.h"
 

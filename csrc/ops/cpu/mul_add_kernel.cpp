@@ -1,8 +1,7 @@
-// Compiled once per CPU capability (see dispatch.h). out = a * b + c over broadcast operands: the output
+// Compiled once per CPU capability (see isa_dispatch.h). out = a * b + c over broadcast operands: the output
 // (contiguous) is walked as rows of its innermost coalesced dim; each operand contributes a row pointer
 // found through broadcast strides (0 on broadcast dims) and a unit or zero inner stride. float32 math with a
 // fused multiply-add, one rounding to the output dtype; each input read once, the output written once.
-#include "common/dispatch.h"
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/cpu/vec/functional.h>
@@ -11,6 +10,7 @@
 
 #include <vector>
 
+#include "ops/cpu/dtype_dispatch.h"
 #include "ops/cpu/vec_io.h"
 #include "ops/mul_add.h"
 

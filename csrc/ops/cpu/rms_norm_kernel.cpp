@@ -1,4 +1,4 @@
-// Compiled once per CPU capability (see dispatch.h). RMSNorm over rows of D elements: float32 math,
+// Compiled once per CPU capability (see isa_dispatch.h). RMSNorm over rows of D elements: float32 math,
 // one rounding to the output dtype (plus the diffusers rounding points when asked for).
 // Per row: pass 1 reads the row from memory and accumulates sum(x^2) in four vector accumulators (rows
 // longer than kSumChunk: per chunk, the chunk sums added in double; one long run of float adds per lane
@@ -6,7 +6,6 @@
 // <= 12288 elements fits in L1/L2) and writes the output.
 // bf16/fp16 rows are widened once in pass 1 into a per-task float32 buffer that pass 2 reads, so each
 // element is converted once, not twice.
-#include "common/dispatch.h"
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
@@ -16,6 +15,8 @@
 #include <memory>
 #include <type_traits>
 
+#include "ops/cpu/dtype_dispatch.h"
+#include "ops/cpu/row_sums.h"
 #include "ops/cpu/vec_io.h"
 #include "ops/rms_norm.h"
 
@@ -27,52 +28,6 @@ namespace {
 template <typename R>
 inline void round_through(fVec& a, fVec& b) {
   std::tie(a, b) = at::vec::convert_to_float<R>(at::vec::convert_from_float<R>(a, b));
-}
-
-
-// Elements per chunk of pass 1's sum (a multiple of every capability's 2 * kBlock). A row of <= kSumChunk
-// elements is one chunk, summed as before chunking; longer rows add one horizontal sum per chunk.
-constexpr int64_t kSumChunk = 4096;
-
-// sum(x^2) over xr[i0, i1) in four vector accumulators; bf16/fp16 rows are also widened into bp[i0, i1).
-// i0 is a multiple of 2 * kBlock; lanes past i1 load as zero and add nothing.
-template <typename T_x>
-C10_ALWAYS_INLINE float sum_squares(const T_x* xr, float* bp, int64_t i0, int64_t i1) {
-  constexpr int64_t kB = VecIO<float>::kBlock;
-  constexpr bool kWiden = !std::is_same_v<T_x, float>;
-  fVec s0(0.0f), s1(0.0f), s2(0.0f), s3(0.0f);
-  int64_t i = i0;
-  for (; i + 2 * kB <= i1; i += 2 * kB) {
-    fVec a, b, c, d;
-    VecIO<T_x>::load(xr + i, a, b);
-    VecIO<T_x>::load(xr + i + kB, c, d);
-    if constexpr (kWiden) {
-      VecIO<float>::store(bp + i, a, b);
-      VecIO<float>::store(bp + i + kB, c, d);
-    }
-    s0 = at::vec::fmadd(a, a, s0);
-    s1 = at::vec::fmadd(b, b, s1);
-    s2 = at::vec::fmadd(c, c, s2);
-    s3 = at::vec::fmadd(d, d, s3);
-  }
-  for (; i < i1; i += kB) {
-    fVec a, b;
-    load_block(xr + i, a, b, std::min(kB, i1 - i));
-    if constexpr (kWiden) VecIO<float>::store(bp + i, a, b);  // whole block: the buffer is padded
-    s0 = at::vec::fmadd(a, a, s0);
-    s1 = at::vec::fmadd(b, b, s1);
-  }
-  return sum_lanes((s0 + s1) + (s2 + s3));
-}
-
-// A row longer than kSumChunk: sum_squares per chunk, the chunk sums added in double.
-template <typename T_x>
-C10_NOINLINE float sum_squares_chunked(const T_x* xr, float* bp, int64_t D) {
-  double total = 0.0;
-  for (int64_t c0 = 0; c0 < D; c0 += kSumChunk) {
-    total += static_cast<double>(sum_squares(xr, bp, c0, std::min(D, c0 + kSumChunk)));
-  }
-  return static_cast<float>(total);
 }
 
 // Rows [r0, r1) of one parallel task. Every value the loops read is a local of this function: captured by
@@ -101,7 +56,7 @@ void rms_norm_task(const RmsNormKernelArgs& p, int64_t r0, int64_t r1) {
   const int64_t group = row_group(D);
   std::unique_ptr<float[]> buf(kWiden ? new float[group * buf_len] : nullptr);
 
-  RowLayout::Cursor cursor(*p.layout, r0);
+  RowOffsets::Cursor cursor(*p.layout, r0);
   for (int64_t r = r0; r < r1; r += group) {
     const int64_t g = std::min(group, r1 - r);
     const T_x* xr[kMaxRowGroup];
@@ -113,7 +68,7 @@ void rms_norm_task(const RmsNormKernelArgs& p, int64_t r0, int64_t r1) {
       xr[k] = x + cursor[0];
       cursor.next();
       float* const bp = buf.get() + k * buf_len;
-      const float ss = D > kSumChunk ? sum_squares_chunked(xr[k], bp, D) : sum_squares(xr[k], bp, 0, D);
+      const float ss = sum_row<kWiden, AddSquares>(xr[k], bp, D);
       // As eager: mean in float32, + eps in float32, reciprocal square root.
       rstd[k] = fVec(1.0f / std::sqrt(ss / d_f + eps));
     }

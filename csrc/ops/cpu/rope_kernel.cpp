@@ -1,8 +1,7 @@
-// Compiled once per CPU capability (see dispatch.h). Rotary embedding over rows of D elements, the first R
+// Compiled once per CPU capability (see isa_dispatch.h). Rotary embedding over rows of D elements, the first R
 // (rotary_dim) rotated, the rest copied: each row of x is read once (any strides over the leading dims), cos/sin
 // rows (R wide) are found through broadcast strides (never expanded in memory), float32 math, one rounding to
 // x's dtype, contiguous output.
-#include "common/dispatch.h"
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/cpu/vec/functional.h>
@@ -10,6 +9,7 @@
 
 #include <cstring>
 
+#include "ops/cpu/dtype_dispatch.h"
 #include "ops/cpu/vec_io.h"
 #include "ops/rope.h"
 

@@ -4,8 +4,9 @@
 // n = x * rsqrt(mean(x^2) + eps), mean and eps in fp32 as eager): one pass of squares. The row is re-read
 // from L1/L2, written once. scale/shift are broadcast through their strides ([B,1,D] chunk views, per-token
 // [B,S,D], [D]); shift, weight and bias are optional (data nullptr).
-#include "ops/cuda/common.cuh"
+#include "ops/cuda/norm_rows.cuh"
 #include "ops/cuda/row_launch.cuh"
+#include "ops/cuda/vec_io.cuh"
 
 namespace fusegraph::cuda {
 namespace {
@@ -25,52 +26,33 @@ template <int VEC, bool kVec>
 __global__ void __launch_bounds__(1024) adaln_kernel(const AdalnParams p) {
   __shared__ float smem[32];
   const int64_t cols = p.layout.cols;
-  const int64_t row_step = static_cast<int64_t>(gridDim.x) * blockDim.y;
   const int64_t col_step = static_cast<int64_t>(blockDim.x) * VEC;
   const int64_t col0 = static_cast<int64_t>(threadIdx.x) * VEC;
   const int64_t xs = p.x.inner_stride;
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; row < p.layout.rows;
-       row += row_step) {
-    int64_t idx[kMaxOuterDims];
-    row_index(p.layout, row, idx);
+  const auto sum = [](const float* v) {
+    float step = 0.0f;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) step += v[i];
+    return step;
+  };
+  for_each_row(p.layout, [&](int64_t row, const int64_t* idx) {
     const int64_t x_row = row_offset(p.layout, p.x, idx);
 
     float mean = 0.0f;
-    float rstd;
+    float sum_sq;  // of x (rms) or of x - mean
     if (p.rms) {
-      FoldedSum thread_sq;
-      for (int64_t col = col0; col < cols; col += col_step) {
-        float v[VEC];
-        load_elems<VEC, kVec>(p.x.data, x_row + col * xs, xs, p.x.dtype, v);
-        float step = 0.0f;
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) step += v[i] * v[i];
-        thread_sq.add(step);
-      }
-      rstd = 1.0f / sqrtf(row_sum(thread_sq.value(), smem) / static_cast<float>(cols) + p.eps);
+      sum_sq = row_sum(thread_row_sum<VEC, kVec>(p.x, x_row, cols, ChunkSquares<VEC>{}), smem);
     } else {
-      FoldedSum thread_sum;
-      for (int64_t col = col0; col < cols; col += col_step) {
-        float v[VEC];
-        load_elems<VEC, kVec>(p.x.data, x_row + col * xs, xs, p.x.dtype, v);
-        float step = 0.0f;
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) step += v[i];
-        thread_sum.add(step);
-      }
-      mean = row_sum(thread_sum.value(), smem) / static_cast<float>(cols);
-
-      FoldedSum thread_sq;
-      for (int64_t col = col0; col < cols; col += col_step) {
-        float v[VEC];
-        load_elems<VEC, kVec>(p.x.data, x_row + col * xs, xs, p.x.dtype, v);
+      mean = row_sum(thread_row_sum<VEC, kVec>(p.x, x_row, cols, sum), smem) / static_cast<float>(cols);
+      const auto centred_squares = [mean](const float* v) {
         float step = 0.0f;
 #pragma unroll
         for (int i = 0; i < VEC; ++i) step += (v[i] - mean) * (v[i] - mean);
-        thread_sq.add(step);
-      }
-      rstd = 1.0f / sqrtf(row_sum(thread_sq.value(), smem) / static_cast<float>(cols) + p.eps);
+        return step;
+      };
+      sum_sq = row_sum(thread_row_sum<VEC, kVec>(p.x, x_row, cols, centred_squares), smem);
     }
+    const float rstd = 1.0f / sqrtf(sum_sq / static_cast<float>(cols) + p.eps);
 
     const int64_t scale_row = row_offset(p.layout, p.scale, idx);
     const bool has_shift = p.shift.data != nullptr;
@@ -89,30 +71,12 @@ __global__ void __launch_bounds__(1024) adaln_kernel(const AdalnParams p) {
       }
 #pragma unroll
       for (int i = 0; i < VEC; ++i) v[i] = (v[i] - mean) * rstd;
-      if (p.weight.data != nullptr) {
-        float w[VEC];
-        load_elems<VEC, kVec>(p.weight.data, col * p.weight.inner_stride, p.weight.inner_stride, p.weight.dtype, w);
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) v[i] *= w[i];
-      }
-      if (p.bias.data != nullptr) {
-        float b[VEC];
-        load_elems<VEC, kVec>(p.bias.data, col * p.bias.inner_stride, p.bias.inner_stride, p.bias.dtype, b);
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) v[i] += b[i];
-      }
+      apply_affine<VEC, kVec>(p.weight, p.bias, col, false, v);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) v[i] = has_shift ? v[i] * (1.0f + scale[i]) + shift[i] : v[i] * (1.0f + scale[i]);
       store_elems<VEC, kVec>(p.out, row * cols + col, p.out_dtype, v);
     }
-  }
-}
-
-template <int VEC, bool kVec>
-cudaError_t launch(const AdalnParams& p, cudaStream_t stream) {
-  const RowLaunch shape = row_launch(p.layout.rows, p.layout.cols, VEC);
-  adaln_kernel<VEC, kVec><<<shape.grid, shape.block, 0, stream>>>(p);
-  return cudaGetLastError();
+  });
 }
 
 }  // namespace
@@ -125,7 +89,8 @@ cudaError_t launch_adaln(const RowLayout& layout, const Operand& x, const Operan
   const Operand* const ops[] = {&x, &scale, &shift, &weight, &bias};
   return detail::with_vec_width(detail::choose_vec(layout, ops, layout.cols, out), [&](auto vec) {
     constexpr int VEC = decltype(vec)::value;
-    return launch<VEC, (VEC > 1)>(p, stream);
+    const detail::LaunchShape shape = detail::reduction_shape(layout.rows, layout.cols, VEC);
+    return detail::launch_kernel(adaln_kernel<VEC, (VEC > 1)>, shape, stream, p);
   });
 }
 

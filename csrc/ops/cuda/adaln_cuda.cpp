@@ -5,11 +5,11 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-#include "common/checks.h"
-#include "common/output.h"
 #include "ops/adaln.h"
+#include "ops/checks.h"
 #include "ops/cuda/launch.h"
 #include "ops/cuda/tensor_args.h"
+#include "ops/output.h"
 
 namespace fusegraph {
 namespace {
@@ -39,14 +39,8 @@ at::Tensor adaln_cuda(const at::Tensor& x_in, const at::Tensor& scale_in, const 
     return has_shift ? cuda::plan_rows(x.sizes(), {&x, &scale, &shift}, ops)
                      : cuda::plan_rows(x.sizes(), {&x, &scale}, ops);
   };
-  std::optional<cuda::RowLayout> layout = plan();
-  if (!layout) {  // more leading dims than the kernel indexes: materialise, then they coalesce
-    x = x.contiguous();
-    scale = scale.contiguous();
-    if (has_shift) shift = shift.contiguous();
-    layout = plan();
-  }
-  C10_CUDA_CHECK(cuda::launch_adaln(*layout, ops[0], ops[1], ops[2], cuda::row_vector(weight), cuda::row_vector(bias),
+  const RowLayout layout = has_shift ? plan_or_copy({&x, &scale, &shift}, plan) : plan_or_copy({&x, &scale}, plan);
+  C10_CUDA_CHECK(cuda::launch_adaln(layout, ops[0], ops[1], ops[2], cuda::row_vector(weight), cuda::row_vector(bias),
                                     out.data_ptr(), cuda::to_dtype(out_dtype), static_cast<float>(eps),
                                     norm == AdalnNorm::Rms, c10::cuda::getCurrentCUDAStream()));
   return out;

@@ -1,6 +1,7 @@
 // tanh-GELU and the sigmoid "fast" GELU over contiguous data: grid-stride loop, 16-byte vectors when
 // both pointers are aligned, a scalar tail.
-#include "ops/cuda/common.cuh"
+#include "ops/cuda/row_launch.cuh"
+#include "ops/cuda/vec_io.cuh"
 
 namespace fusegraph::cuda {
 namespace {

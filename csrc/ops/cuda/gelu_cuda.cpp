@@ -4,11 +4,11 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-#include "common/checks.h"
-#include "common/output.h"
+#include "ops/checks.h"
 #include "ops/cuda/launch.h"
 #include "ops/cuda/tensor_args.h"
 #include "ops/gelu.h"
+#include "ops/output.h"
 
 namespace fusegraph {
 namespace {

@@ -7,25 +7,15 @@
 
 #include <cstdint>
 
+#include "ops/row_layout.h"
+
 namespace fusegraph::cuda {
 
 enum class DType : int { Float32 = 0, BFloat16 = 1, Float16 = 2 };
 
 inline int element_size(DType t) { return t == DType::Float32 ? 4 : 2; }
 
-// Leading ("outer") dims a layout may keep after coalescing; callers materialise anything with more.
-constexpr int kMaxOuterDims = 6;
-
-// The iteration space of every kernel: rows = prod(outer sizes), each row `cols` elements long. The
-// output is always contiguous: element (row, col) lives at row * cols + col.
-struct RowLayout {
-  int ndim = 0;                          // outer dims in use
-  int64_t sizes[kMaxOuterDims] = {};     // outer sizes, outermost first
-  int64_t rows = 1;                      // product of sizes
-  int64_t cols = 0;                      // row length (the last dim)
-};
-
-// One input seen through the layout: element (row, col) is at
+// One input seen through the kernels' RowLayout (ops/row_layout.h): element (row, col) is at
 //   data + sum_d index_d(row) * outer_strides[d] + col * inner_stride     (in elements).
 // Broadcast dims have stride 0. data == nullptr means "absent" (optional weight, bias, ...).
 struct Operand {

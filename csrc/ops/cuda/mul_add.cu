@@ -1,6 +1,7 @@
 // out = a * b + c over rows of a coalesced broadcast layout (b a tensor or a number), fp32 math, one
 // rounding. Fast path: a, c contiguous rows, b a [B,1,D] view: vector loads, b re-read from cache.
-#include "ops/cuda/common.cuh"
+#include "ops/cuda/row_launch.cuh"
+#include "ops/cuda/vec_io.cuh"
 
 namespace fusegraph::cuda {
 namespace {
@@ -18,11 +19,7 @@ struct MulAddParams {
 template <int VEC, bool kVec>
 __global__ void __launch_bounds__(256) mul_add_kernel(const MulAddParams p) {
   const int64_t cols = p.layout.cols;
-  const int64_t row_step = static_cast<int64_t>(gridDim.x) * blockDim.y;
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; row < p.layout.rows;
-       row += row_step) {
-    int64_t idx[kMaxOuterDims];
-    row_index(p.layout, row, idx);
+  for_each_row(p.layout, [&](int64_t row, const int64_t* idx) {
     const int64_t a_row = row_offset(p.layout, p.a, idx);
     const int64_t b_row = row_offset(p.layout, p.b, idx);
     const int64_t c_row = row_offset(p.layout, p.c, idx);
@@ -41,7 +38,7 @@ __global__ void __launch_bounds__(256) mul_add_kernel(const MulAddParams p) {
       for (int i = 0; i < VEC; ++i) a[i] = a[i] * b[i] + c[i];
       store_elems<VEC, kVec>(p.out, row * cols + col, p.out_dtype, a);
     }
-  }
+  });
 }
 
 template <int VEC, bool kVec>
@@ -52,8 +49,7 @@ cudaError_t launch_mul_add_vec(const MulAddParams& p, cudaStream_t stream) {
   const int64_t col_tiles = ceil_div(chunks, block.x);
   const dim3 grid(grid_for(ceil_div(p.layout.rows, block.y)),
                   static_cast<unsigned>(col_tiles < 65535 ? col_tiles : 65535));
-  mul_add_kernel<VEC, kVec><<<grid, block, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel(mul_add_kernel<VEC, kVec>, {grid, block}, stream, p);
 }
 
 }  // namespace

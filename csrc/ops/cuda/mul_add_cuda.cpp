@@ -6,11 +6,11 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-#include "common/checks.h"
-#include "common/output.h"
+#include "ops/checks.h"
 #include "ops/cuda/launch.h"
 #include "ops/cuda/tensor_args.h"
 #include "ops/mul_add.h"
+#include "ops/output.h"
 
 namespace fusegraph {
 namespace {
@@ -29,15 +29,9 @@ at::Tensor run_cuda(const at::Tensor& a_in, const at::Tensor& b_in, float b_scal
   at::Tensor b = b_in.defined() ? b_in.expand(shape) : a;  // placeholder operand when b is a number
   at::Tensor c = c_in.expand(shape);
   cuda::Operand ops[3];
-  std::optional<cuda::RowLayout> layout = cuda::plan_rows(shape, {&a, &b, &c}, ops);
-  if (!layout) {  // more leading dims than the kernel indexes: materialise, then they coalesce
-    a = a.contiguous();
-    b = b.contiguous();
-    c = c.contiguous();
-    layout = cuda::plan_rows(shape, {&a, &b, &c}, ops);
-  }
+  const RowLayout layout = plan_or_copy({&a, &b, &c}, [&] { return cuda::plan_rows(shape, {&a, &b, &c}, ops); });
   if (!b_in.defined()) ops[1] = cuda::Operand{};
-  C10_CUDA_CHECK(cuda::launch_mul_add(*layout, ops[0], ops[1], b_scalar, ops[2], out.data_ptr(),
+  C10_CUDA_CHECK(cuda::launch_mul_add(layout, ops[0], ops[1], b_scalar, ops[2], out.data_ptr(),
                                       cuda::to_dtype(out_dtype), c10::cuda::getCurrentCUDAStream()));
   return out;
 }

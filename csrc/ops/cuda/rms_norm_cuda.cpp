@@ -4,10 +4,10 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-#include "common/checks.h"
-#include "common/output.h"
+#include "ops/checks.h"
 #include "ops/cuda/launch.h"
 #include "ops/cuda/tensor_args.h"
+#include "ops/output.h"
 #include "ops/rms_norm.h"
 
 namespace fusegraph {
@@ -28,12 +28,8 @@ at::Tensor rms_norm_cuda(const at::Tensor& x_in, const std::optional<at::Tensor>
 
   at::Tensor x = x_in;
   cuda::Operand x_op;
-  std::optional<cuda::RowLayout> layout = cuda::plan_rows(x.sizes(), {&x}, &x_op);
-  if (!layout) {
-    x = x.contiguous();
-    layout = cuda::plan_rows(x.sizes(), {&x}, &x_op);
-  }
-  C10_CUDA_CHECK(cuda::launch_rms_norm(*layout, x_op, cuda::row_vector(weight), cuda::row_vector(bias),
+  const RowLayout layout = plan_or_copy({&x}, [&] { return cuda::plan_rows(x.sizes(), {&x}, &x_op); });
+  C10_CUDA_CHECK(cuda::launch_rms_norm(layout, x_op, cuda::row_vector(weight), cuda::row_vector(bias),
                                        out.data_ptr(), cuda::to_dtype(out_dtype), static_cast<float>(eps),
                                        style == RmsNormStyle::Diffusers, c10::cuda::getCurrentCUDAStream()));
   return out;

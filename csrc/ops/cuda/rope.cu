@@ -4,7 +4,8 @@
 // [B,S,1,R] tables need no copy.
 #include <numeric>
 
-#include "ops/cuda/common.cuh"
+#include "ops/cuda/row_launch.cuh"
+#include "ops/cuda/vec_io.cuh"
 
 namespace fusegraph::cuda {
 namespace {
@@ -35,11 +36,7 @@ template <int VEC, int PASS_VEC, bool kVec>
 __global__ void __launch_bounds__(256) rope_interleaved_kernel(const RopeParams p) {
   static_assert(VEC % 2 == 0, "pairs must not straddle threads");
   const int64_t cols = p.layout.cols;
-  const int64_t row_step = static_cast<int64_t>(gridDim.x) * blockDim.y;
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; row < p.layout.rows;
-       row += row_step) {
-    int64_t idx[kMaxOuterDims];
-    row_index(p.layout, row, idx);
+  for_each_row(p.layout, [&](int64_t row, const int64_t* idx) {
     const int64_t x_row = row_offset(p.layout, p.x, idx);
     const int64_t cos_row = row_offset(p.layout, p.cos, idx);
     const int64_t sin_row = row_offset(p.layout, p.sin, idx);
@@ -56,7 +53,7 @@ __global__ void __launch_bounds__(256) rope_interleaved_kernel(const RopeParams 
       store_elems<VEC, kVec>(p.out, row * p.out_cols + col, p.x.dtype, y);
     }
     copy_pass_through<PASS_VEC, kVec>(p, row, x_row);
-  }
+  });
 }
 
 // Rotate-half: with h = R/2, out[j] = x[j] c[j] - x[j+h] s[j], out[j+h] = x[j+h] c[j+h] + x[j] s[j+h];
@@ -65,11 +62,7 @@ template <int VEC, bool kVec>
 __global__ void __launch_bounds__(256) rope_half_kernel(const RopeParams p) {
   const int64_t cols = p.layout.cols;
   const int64_t half = cols / 2;
-  const int64_t row_step = static_cast<int64_t>(gridDim.x) * blockDim.y;
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; row < p.layout.rows;
-       row += row_step) {
-    int64_t idx[kMaxOuterDims];
-    row_index(p.layout, row, idx);
+  for_each_row(p.layout, [&](int64_t row, const int64_t* idx) {
     const int64_t x_row = row_offset(p.layout, p.x, idx);
     const int64_t cos_row = row_offset(p.layout, p.cos, idx);
     const int64_t sin_row = row_offset(p.layout, p.sin, idx);
@@ -90,7 +83,7 @@ __global__ void __launch_bounds__(256) rope_half_kernel(const RopeParams p) {
       store_elems<VEC, kVec>(p.out, row * p.out_cols + col + half, p.x.dtype, y2);
     }
     copy_pass_through<VEC, kVec>(p, row, x_row);
-  }
+  });
 }
 
 template <int VEC, bool kVec>
@@ -101,12 +94,8 @@ cudaError_t launch(const RopeParams& p, bool interleaved, cudaStream_t stream) {
   const int64_t chunks = rotated > passed ? rotated : passed;
   const dim3 block = block_2d(chunks);
   const unsigned grid = grid_for(ceil_div(p.layout.rows, block.y));
-  if (interleaved) {
-    rope_interleaved_kernel<kPairVec, VEC, kVec><<<grid, block, 0, stream>>>(p);
-  } else {
-    rope_half_kernel<VEC, kVec><<<grid, block, 0, stream>>>(p);
-  }
-  return cudaGetLastError();
+  if (interleaved) return launch_kernel(rope_interleaved_kernel<kPairVec, VEC, kVec>, {grid, block}, stream, p);
+  return launch_kernel(rope_half_kernel<VEC, kVec>, {grid, block}, stream, p);
 }
 
 }  // namespace

@@ -6,10 +6,10 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-#include "common/checks.h"
-#include "common/output.h"
+#include "ops/checks.h"
 #include "ops/cuda/launch.h"
 #include "ops/cuda/tensor_args.h"
+#include "ops/output.h"
 #include "ops/rope.h"
 
 namespace fusegraph {
@@ -30,7 +30,7 @@ at::Tensor rope_cuda(const at::Tensor& x_in, const at::Tensor& cos_in, const at:
   at::Tensor cos = cuda::last_dim_contiguous(cos_in).expand(x_rot.sizes());
   at::Tensor sin = cuda::last_dim_contiguous(sin_in).expand(x_rot.sizes());
   cuda::Operand ops[3];
-  std::optional<cuda::RowLayout> layout = cuda::plan_rows(x_rot.sizes(), {&x_rot, &cos, &sin}, ops);
+  std::optional<RowLayout> layout = cuda::plan_rows(x_rot.sizes(), {&x_rot, &cos, &sin}, ops);
   TORCH_INTERNAL_ASSERT(layout.has_value(), "rope: a rank-4 x leaves at most 3 leading dims");
   for (const cuda::Operand& op : ops) TORCH_INTERNAL_ASSERT(op.inner_stride == 1, "rope: head dim not unit-stride");
   C10_CUDA_CHECK(cuda::launch_rope(*layout, ops[0], ops[1], ops[2], out.data_ptr(), x.size(-1), interleaved,

@@ -1,8 +1,6 @@
 #pragma once
 // Torch side of the CUDA launches (included only by csrc/ops/cuda/*_cuda.cpp): tensors -> RowLayout +
-// Operands. Broadcast operands come in expanded to the output shape (stride 0 on broadcast dims);
-// size-1 dims are dropped and adjacent leading dims merged where every operand allows it, so the
-// kernels' per-row index arithmetic stays short and no input is copied.
+// Operands (the coalescing rule is ops/row_plan.h's, shared with the CPU ops).
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
@@ -10,6 +8,7 @@
 #include <optional>
 
 #include "ops/cuda/launch.h"
+#include "ops/row_plan.h"
 
 namespace fusegraph::cuda {
 
@@ -32,53 +31,22 @@ inline Operand row_vector(const std::optional<at::Tensor>& t) {
   return op;
 }
 
-// Layout of `shape` over `tensors` (each already expanded to `shape`); nullopt when more than
-// kMaxOuterDims leading dims remain after coalescing (the caller then makes the operands contiguous).
+// Layout of `shape` over `tensors` (each already expanded to `shape`), their Operands in operands[0..n);
+// nullopt when more than kMaxOuterDims leading dims remain after coalescing (see plan_or_copy).
 inline std::optional<RowLayout> plan_rows(at::IntArrayRef shape, std::initializer_list<const at::Tensor*> tensors,
                                           Operand* operands) {
   const int64_t rank = static_cast<int64_t>(shape.size());
-  const size_t n = tensors.size();
-  RowLayout layout;
-  layout.cols = rank == 0 ? 1 : shape[rank - 1];
+  int64_t* outer_strides[8];
+  TORCH_INTERNAL_ASSERT(tensors.size() <= 8, "plan_rows: ", tensors.size(), " operands out of range");
   size_t k = 0;
   for (const at::Tensor* t : tensors) {
-    TORCH_INTERNAL_ASSERT(t->sizes() == shape, "plan_rows: operand not expanded to the output shape");
     operands[k].data = t->const_data_ptr();
     operands[k].dtype = to_dtype(t->scalar_type());
     operands[k].inner_stride = (rank == 0 || shape[rank - 1] == 1) ? 0 : t->stride(rank - 1);
+    outer_strides[k] = operands[k].outer_strides;
     ++k;
   }
-  // Leading dims, outermost first: drop size-1 dims, merge d into the previous one when every operand has
-  // stride(prev) == stride(d) * size(d).
-  int ndim = 0;
-  int64_t sizes[64];
-  int64_t strides[64][8];  // [dim][operand]
-  TORCH_INTERNAL_ASSERT(rank <= 65 && n <= 8, "plan_rows: rank ", rank, " or ", n, " operands out of range");
-  for (int64_t d = 0; d + 1 < rank; ++d) {
-    if (shape[d] == 1) continue;
-    size_t j = 0;
-    bool mergeable = ndim > 0;
-    for (const at::Tensor* t : tensors) {
-      if (mergeable && strides[ndim - 1][j] != t->stride(d) * shape[d]) mergeable = false;
-      ++j;
-    }
-    if (!mergeable) {
-      sizes[ndim] = 1;
-      ++ndim;
-    }
-    sizes[ndim - 1] *= shape[d];
-    j = 0;
-    for (const at::Tensor* t : tensors) strides[ndim - 1][j++] = t->stride(d);
-  }
-  if (ndim > kMaxOuterDims) return std::nullopt;
-  layout.ndim = ndim;
-  for (int d = 0; d < ndim; ++d) {
-    layout.sizes[d] = sizes[d];
-    layout.rows *= sizes[d];
-    for (size_t j = 0; j < n; ++j) operands[j].outer_strides[d] = strides[d][j];
-  }
-  if (layout.cols == 0) layout.rows = 0;
-  return layout;
+  return coalesce_rows(shape, tensors, outer_strides);
 }
 
 // The tensor itself when its last dim is unit-stride (or trivial), else a contiguous copy.

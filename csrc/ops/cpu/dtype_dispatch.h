@@ -1,5 +1,6 @@
 #pragma once
-// Dtype dispatch over the three dtypes fusegraph ops support: float32, bfloat16, float16.
+// Dtype dispatch inside a CPU kernel over the three dtypes the kernels read and write: float32, bfloat16,
+// float16 (which compiled kernel runs is isa_dispatch.h's run-time choice).
 #include <ATen/Dispatch.h>
 
 #define FG_DISPATCH_FLOAT_TYPES(TYPE, NAME, ...)                                             \

@@ -1,7 +1,7 @@
-// The CPU capability dispatch picks the best registered kernel and never an empty slot.
+// The CPU instruction-set dispatch (ops/cpu/isa_dispatch.h) picks the best registered kernel and never an empty slot.
 #include <gtest/gtest.h>
 
-#include "ops/cpu/dispatch.h"
+#include "ops/cpu/isa_dispatch.h"
 #include "ops/gelu.h"
 
 namespace {

@@ -1,4 +1,4 @@
-#include "common/output.h"
+#include "ops/output.h"
 
 #include <ATen/ATen.h>
 

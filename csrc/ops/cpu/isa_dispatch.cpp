@@ -1,4 +1,4 @@
-#include "ops/cpu/dispatch.h"
+#include "ops/cpu/isa_dispatch.h"
 
 #include <ATen/Version.h>
 
