@@ -42,7 +42,7 @@ at::ScalarType check_rms_norm_args(const at::Tensor& x, const std::optional<at::
   if (has_w) check_param(x, *weight, "weight");
   if (has_b) check_param(x, *bias, "bias");
   check_eps(eps, "rms_norm");
-  // Output dtype = what the eager expression gives (docs/notes/norm.md):
+  // Output dtype = what the eager expression gives (fusegraph/ops/rms_norm.py: rms_norm_out_dtype, the same rule):
   //   torch:     torch.rms_norm(x, [D], w, eps) (+ bias)  -> x.dtype (promoted with bias.dtype)
   //   diffusers: half weight -> weight.dtype (promoted with bias); fp32 weight -> float32 (float64 when
   //              x or the weight is float64: the float32 normalised value times w promotes);

@@ -1,8 +1,8 @@
-"""Argument checks shared by the fake (meta) kernels; messages match the C++ ones in csrc/common/checks.h."""
+"""Argument checks shared by the fake (meta) kernels; messages match the C++ ones in csrc/ops/checks.h."""
 import torch
 
 # The kernels read and write float32 / bfloat16 / float16; float64 is accepted too (gradcheck): an op with a
-# float64 argument computes its documented math with at:: ops in float64 (csrc/common/checks.h uses_float64).
+# float64 argument computes its documented math with at:: ops in float64 (csrc/ops/checks.h uses_float64).
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
