@@ -131,8 +131,8 @@ class Backend:
         # Op names are str(target), e.g. "fusegraph.gelu_tanh.default", "aten.tanh.default"; plus "get_attr".
         self.last_graph_ops: collections.Counter = collections.Counter()
 
-    # copy.deepcopy / pickle of a compiled model carry the backend: its config and counters (Stats drops its
-    # lock); the graph-id counter continues where it was (itertools.count does not pickle on Python >= 3.14)
+    # copy.deepcopy / pickle of a compiled model carry the backend: its config and counters (a copied Stats carries
+    # the values, in counters of its own); the graph-id counter continues where it was (itertools.count does not pickle on Python >= 3.14)
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_ids"] = next(copy.copy(self._ids))
@@ -176,9 +176,7 @@ class Backend:
         if params:
             compiled = freezing.FrozenGraph(self, gm, example_inputs, params, compiled, job.graph_id)
         seconds = time.perf_counter() - t0
-        with self.stats._lock:
-            self.stats.graphs_compiled += 1
-            self.stats.compile_seconds += seconds
+        self.stats.add(graphs_compiled=1, compile_seconds=seconds)
         log.info(self._summary(job, self.stats.graphs_captured - captured_before,
                                self.stats.capture_seconds - seconds_before))
         log.debug("fusegraph: graph %d compiled in %.2f s on the %s route (%s)", job.graph_id, seconds,

@@ -182,15 +182,13 @@ class FrozenGraph:
                     self.entries.pop(changed)
                 self.entries.insert(0, (self._guard(params), compiled))
                 self.frozen_compiles += 1
-                with stats._lock:
-                    stats.frozen_recompiles += 1
+                stats.add(frozen_recompiles=1)
                 return compiled
             if self.unfrozen is None:
                 self.backend._fallback(f"frozen graph {what}; {FROZEN_SPECIALIZATION_LIMIT} frozen compiles already: "
                                        "running an unfrozen compile of it for such calls")
                 _, self.unfrozen = self.backend._compile(self.gm, list(args), {}, freeze=False, graph_id=self.graph_id)
-                with stats._lock:
-                    stats.frozen_recompiles += 1
+                stats.add(frozen_recompiles=1)
             return self.unfrozen
 
 

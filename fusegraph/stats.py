@@ -2,42 +2,49 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
 
+from . import _C
 from .fusion.patterns import PATTERN_NAMES  # the family table lists them
 
+_DICTS = ("patterns", "lowered", "fallbacks")
+# The scalar counters, in C++ (csrc/graph/counters.h: the list and what each counts).
+COUNTER_NAMES = _C.graph.Counters.names
 
-@dataclass
+
 class Stats:
-    """Counters for one backend or runner. Names are part of the API; add fields, never rename."""
+    """Counters for one backend or runner. Names are part of the API; add counters, never rename.
 
-    patterns: dict = field(default_factory=lambda: {name: 0 for name in PATTERN_NAMES})
-    # Of the sites in ``patterns``, those the Inductor route lowered back to aten ops because Inductor's own code is
-    # predicted faster there (fusegraph.fusion.choice; fused ops in the compiled code = patterns - lowered).
-    lowered: dict = field(default_factory=lambda: {name: 0 for name in PATTERN_NAMES})
-    graphs_compiled: int = 0
-    graphs_captured: int = 0
-    replays: int = 0
-    inputs_copied: int = 0
-    inputs_skipped: int = 0
-    evictions: int = 0
-    recaptures: int = 0
-    fallbacks: dict = field(default_factory=dict)  # reason -> count
-    eager_calls: int = 0  # calls run uncaptured because their signature fell back
-    frozen_recompiles: int = 0  # a frozen graph compiled again: other parameter tensors, or weights changed
-    weight_invalidations: int = 0  # a GraphRunner dropped its graphs: a parameter/buffer/submodule was replaced
-    bucket_padded_calls: int = 0  # batch buckets: calls whose batch was padded up to a bucket
-    bucket_overflows: int = 0  # batch buckets: calls beyond the largest bucket, run uncaptured (also eager_calls)
-    capture_seconds: float = 0.0
-    compile_seconds: float = 0.0
-    graph_memory_bytes: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    - ``patterns``: fused sites per family; ``lowered``: of those, the sites the Inductor route lowered back to
+      aten ops because Inductor's own code is predicted faster there (fusegraph.fusion.choice; fused ops in
+      the compiled code = patterns - lowered); ``fallbacks``: reason -> count. Python dicts: change them
+      through ``add_patterns``, ``add_lowered`` and ``add_fallback``.
+    - the scalars (``graphs_compiled``, ``graphs_captured``, ``replays``, ``inputs_copied``, ``inputs_skipped``,
+      ``evictions``, ``recaptures``, ``eager_calls``, ``frozen_recompiles``, ``weight_invalidations``,
+      ``bucket_padded_calls``, ``bucket_overflows``, ``graph_memory_bytes``, ``capture_seconds``,
+      ``compile_seconds``): attributes read from ``counters``, the C++ object (atomics) that the graph caches
+      of the runners reporting into this Stats count into as they capture, replay and evict. Add to them with
+      ``add(name=amount, ...)``.
 
-    def __getstate__(self):  # copy/deepcopy/pickle: the counters, not the lock
-        return self.as_dict()
+    Copies, deep copies and pickles carry the values, not the sharing: a copy has counters of its own.
+    """
 
-    def __setstate__(self, state):
-        self.__init__(**state)
+    def __init__(self, **values):
+        self.patterns = {name: 0 for name in PATTERN_NAMES}
+        self.lowered = {name: 0 for name in PATTERN_NAMES}
+        self.fallbacks = {}
+        self.counters = _C.graph.Counters()  # shared with the GraphCaches of the runners reporting here
+        self._lock = threading.Lock()  # the dicts
+        for name, value in values.items():
+            if name in _DICTS:
+                setattr(self, name, dict(value))
+            elif name in COUNTER_NAMES:
+                setattr(self.counters, name, value)
+            else:
+                raise TypeError(f"Stats() got an unexpected keyword argument {name!r}")
+
+    def add(self, **amounts) -> None:
+        """Adds to scalar counters atomically: ``stats.add(eager_calls=1, bucket_overflows=1)``."""
+        self.counters.add(**amounts)
 
     def add_fallback(self, reason: str) -> None:
         with self._lock:
@@ -54,4 +61,32 @@ class Stats:
                 self.lowered[name] = self.lowered.get(name, 0) + n
 
     def as_dict(self) -> dict:
-        return {k: (dict(v) if isinstance(v, dict) else v) for k, v in self.__dict__.items() if not k.startswith("_")}
+        with self._lock:
+            out = {name: dict(getattr(self, name)) for name in _DICTS}
+        out.update((name, getattr(self.counters, name)) for name in COUNTER_NAMES)
+        return out
+
+    def __getstate__(self):  # copy/deepcopy/pickle: the values, not the lock or the shared counters
+        return self.as_dict()
+
+    def __setstate__(self, state):
+        self.__init__(**state)
+
+    def __eq__(self, other):
+        return type(other) is Stats and self.as_dict() == other.as_dict()
+
+    __hash__ = None
+
+    def __repr__(self):
+        return "Stats(" + ", ".join(f"{k}={v!r}" for k, v in self.as_dict().items()) + ")"
+
+
+def _counter(name):
+    return property(lambda self: getattr(self.counters, name),
+                    lambda self, value: setattr(self.counters, name, value),
+                    doc=f"The ``{name}`` counter (``counters.{name}``).")
+
+
+for _name in COUNTER_NAMES:
+    setattr(Stats, _name, _counter(_name))
+del _name

@@ -99,6 +99,12 @@ struct CopyGroups {
 
 }  // namespace
 
+GraphCache::GraphCache(CacheOptions options, std::shared_ptr<Counters> counters)
+    : options_(options), counters_(counters ? std::move(counters) : std::make_shared<Counters>()) {
+  TORCH_INTERNAL_ASSERT(options_.max_entries >= 0 && options_.memory_budget >= 0 && options_.max_failed >= 0,
+                        "GraphCache options out of range (the front end validates them)");
+}
+
 CallResult GraphCache::call(const Signature& sig, const std::vector<at::Tensor>& tensors, bool check_drift) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   CallResult result;
@@ -108,7 +114,7 @@ CallResult GraphCache::call(const Signature& sig, const std::vector<at::Tensor>&
     if (f != failed_.end()) {
       result.status = LookupStatus::Failed;
       result.failure = f->second;
-      ++counters_.fallback_calls;
+      counters_->add(Count::eager_calls, 1);
       return result;
     }
     if (!options_.recapture) {
@@ -177,9 +183,9 @@ CallResult GraphCache::call(const Signature& sig, const std::vector<at::Tensor>&
   }
   result.status = LookupStatus::Replayed;
   result.user = entry->user;
-  ++counters_.replays;
-  counters_.inputs_copied += result.copied;
-  counters_.inputs_skipped += result.skipped;
+  counters_->add(Count::replays, 1);
+  if (result.copied) counters_->add(Count::inputs_copied, result.copied);
+  if (result.skipped) counters_->add(Count::inputs_skipped, result.skipped);
   return result;
 }
 
@@ -205,17 +211,17 @@ std::vector<uint64_t> GraphCache::insert(Signature sig, std::vector<at::Tensor> 
 
   auto old = index_.find(sig);
   if (old != index_.end()) {  // a second capture of one signature replaces the first
-    counters_.memory_bytes -= (*old->second)->memory_bytes;
+    add_memory(-(*old->second)->memory_bytes);
     order_.erase(old->second);
     index_.erase(old);
   }
   if (!first_signature_) first_signature_ = std::make_unique<Signature>(sig);
-  if (!order_.empty()) ++counters_.recaptures;  // a capture for a further signature
+  if (!order_.empty()) counters_->add(Count::recaptures, 1);  // a capture for a further signature
   entry->signature = sig;
   order_.push_back(entry);
   index_.emplace(std::move(sig), std::prev(order_.end()));
-  ++counters_.captured;
-  counters_.memory_bytes += entry->memory_bytes;
+  counters_->add(Count::graphs_captured, 1);
+  add_memory(entry->memory_bytes);
   return evict_locked(entry.get());
 }
 
@@ -223,7 +229,7 @@ std::vector<uint64_t> GraphCache::evict_locked(const Entry* keep) {
   std::vector<uint64_t> evicted;
   auto over = [&] {
     if (options_.max_entries > 0 && static_cast<int64_t>(order_.size()) > options_.max_entries) return true;
-    return options_.memory_budget > 0 && counters_.memory_bytes > options_.memory_budget;
+    return options_.memory_budget > 0 && memory_bytes_ > options_.memory_budget;
   };
   auto it = order_.begin();
   while (over() && it != order_.end()) {
@@ -232,10 +238,10 @@ std::vector<uint64_t> GraphCache::evict_locked(const Entry* keep) {
       continue;
     }
     evicted.push_back((*it)->id);
-    counters_.memory_bytes -= (*it)->memory_bytes;
+    add_memory(-(*it)->memory_bytes);
     index_.erase((*it)->signature);
     it = order_.erase(it);
-    ++counters_.evictions;
+    counters_->add(Count::evictions, 1);
   }
   return evicted;
 }
@@ -281,7 +287,12 @@ void GraphCache::clear() {
   order_.clear();
   failed_.clear();
   failed_order_.clear();
-  counters_.memory_bytes = 0;
+  add_memory(-memory_bytes_);
+}
+
+void GraphCache::add_memory(int64_t bytes) {
+  memory_bytes_ += bytes;
+  counters_->add(Count::graph_memory_bytes, bytes);
 }
 
 size_t GraphCache::size() const {
@@ -296,9 +307,9 @@ std::vector<uint64_t> GraphCache::entry_ids() const {
   return ids;
 }
 
-Counters GraphCache::counters() const {
+int64_t GraphCache::memory_bytes() const {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
-  return counters_;
+  return memory_bytes_;
 }
 
 }  // namespace fusegraph::graph

@@ -1,8 +1,8 @@
 #pragma once
 // The graph runtime's core (SPEC §4): entries keyed per input signature, FIFO/LRU eviction by count and
-// by measured memory, the copy plan (zero-copy skip or copy into the static buffer), safe outputs, and
-// the counters behind Stats. A *driver* only captures and replays: it hands the cache an Executable.
-// Knows nothing of Python (the Python drivers plug in through csrc/bindings.cpp).
+// by measured memory, the copy plan (zero-copy skip or copy into the static buffer), safe outputs; it counts
+// into the Counters of the Stats it reports to (counters.h). A *driver* only captures and replays: it hands the
+// cache an Executable. Knows nothing of Python (the Python drivers plug in through csrc/python/).
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 
@@ -13,6 +13,8 @@
 #include <string>
 #include <unordered_map>
 #include <vector>
+
+#include "graph/counters.h"
 
 namespace fusegraph::graph {
 
@@ -72,6 +74,7 @@ class Executable {
 
 enum class Eviction { Fifo, Lru };
 
+// Validated by the front end (fusegraph.CompilationConfig, naming the setting); the cache only asserts them.
 struct CacheOptions {
   int64_t max_entries = 0;      // >0: at most this many entries
   Eviction eviction = Eviction::Fifo;
@@ -79,12 +82,6 @@ struct CacheOptions {
   bool recapture = true;        // false: a second signature raises
   bool safe_outputs = true;     // clone outputs (unless the executable's are fresh)
   int64_t max_failed = 1024;    // how many failed signatures are remembered (FIFO)
-};
-
-struct Counters {
-  int64_t captured = 0, replays = 0, inputs_copied = 0, inputs_skipped = 0, evictions = 0, recaptures = 0;
-  int64_t fallback_calls = 0;  // calls that ran uncaptured because their signature failed to capture
-  int64_t memory_bytes = 0;    // measured memory of the resident entries
 };
 
 struct Entry {
@@ -98,8 +95,17 @@ struct Entry {
   std::shared_ptr<void> user;  // the front end's data (e.g. the output tree), opaque here
 };
 
-// What a call found: a replay (outputs filled), no entry, or a signature whose capture failed before.
-enum class LookupStatus { Replayed, Miss, Failed };
+// What a call found: a replay (outputs filled), no entry, or a signature whose capture failed before. The
+// last three are the front end's: the call's arguments could not be keyed, so it never reached the cache
+// (csrc/python/keys.cpp); one enum, so that a call's outcome is one value on both sides of the boundary.
+enum class LookupStatus {
+  Replayed,
+  Miss,
+  Failed,
+  NotFlat,        // keying flat tensors only, a leaf was not a tensor: flatten the arguments and key them again
+  SpecialTensor,  // a tensor subclass, or a tensor that requires grad under grad mode
+  Unkeyable,      // a value that is neither a tensor, an immutable value nor keyed by identity
+};
 
 struct CallResult {
   LookupStatus status = LookupStatus::Miss;
@@ -112,7 +118,8 @@ struct CallResult {
 
 class GraphCache {
  public:
-  explicit GraphCache(CacheOptions options) : options_(options) {}
+  // Counts into `counters` (those of the Stats this cache reports to; a fresh set when null).
+  explicit GraphCache(CacheOptions options, std::shared_ptr<Counters> counters = nullptr);
 
   // Replays the entry for `sig` if there is one. `tensors` are the call's tensor arguments in order.
   // Raises the mismatch error when recapture is off and the signature differs from the captured one.
@@ -129,15 +136,15 @@ class GraphCache {
   void clear();
   size_t size() const;
   std::vector<uint64_t> entry_ids() const;  // oldest first in the eviction order
-  Counters counters() const;
+  int64_t memory_bytes() const;             // measured memory of this cache's resident entries
+  const std::shared_ptr<Counters>& counters() const { return counters_; }
   const CacheOptions& options() const { return options_; }
-  // The lock that serialises capture and replay of one runner (front ends hold it around a capture).
-  std::recursive_mutex& mutex() { return mutex_; }
 
  private:
   using Order = std::list<std::shared_ptr<Entry>>;
   std::vector<uint64_t> evict_locked(const Entry* keep);
   std::string mismatch_error_locked(const Signature& sig) const;
+  void add_memory(int64_t bytes);  // this cache's and the counters' graph_memory_bytes; lock held
 
   CacheOptions options_;
   mutable std::recursive_mutex mutex_;
@@ -147,7 +154,8 @@ class GraphCache {
   std::list<Signature> failed_order_;
   std::unique_ptr<Signature> first_signature_;  // recapture=false compares against this
   uint64_t next_id_ = 1;
-  Counters counters_;
+  int64_t memory_bytes_ = 0;
+  std::shared_ptr<Counters> counters_;  // shared with the Stats (and the other caches reporting to it)
 };
 
 // Bytes of the distinct storages among `tensors` (a storage shared by several tensors counts once).

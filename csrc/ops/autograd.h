@@ -9,7 +9,7 @@
 namespace fusegraph {
 
 // Runs `op` with autograd on the arguments on `stack` (replaced by its result). Installed by the Python
-// extension (csrc/bindings.cpp); without it a call that needs gradients raises.
+// extension (csrc/python/module.cpp); without it a call that needs gradients raises.
 using AutogradHook = std::function<void(const c10::OperatorHandle& op, torch::jit::Stack* stack)>;
 void set_autograd_hook(AutogradHook hook);
 

@@ -296,17 +296,12 @@ class BatchBuckets:
         if b == 0:
             return runner._eager("batch buckets: batch size 0 (no row to pad with)", args, kwargs)
         pargs, pkwargs = self.pad(args, kwargs, b, bucket)
-        s = runner.stats
-        with s._lock:
-            s.bucket_padded_calls += 1
+        runner.stats.add(bucket_padded_calls=1)
         return self.unpad(runner._call(*pargs, **pkwargs), b, bucket)
 
     def _overflow(self, b, args, kwargs):
         runner = self.runner
-        s = runner.stats
-        with s._lock:
-            s.bucket_overflows += 1
-            s.eager_calls += 1
+        runner.stats.add(bucket_overflows=1, eager_calls=1)
         if not self._overflow_logged:
             self._overflow_logged = True
             _log.warning("fusegraph: %s: batch size %d is beyond the largest bucket %d (graph_batch_buckets=%s): "

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fusegraph import _C
+from .. import _C
 
 from .host import Unsupported, build_host_graph, trace_aten
 

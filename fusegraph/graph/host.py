@@ -16,7 +16,7 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from fusegraph import _C
+from .. import _C
 
 ValueRef = _C.graph.ValueRef
 HostGraph = _C.graph.HostGraph

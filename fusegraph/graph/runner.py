@@ -7,7 +7,7 @@
 
 Data flow of a call: the arguments are flattened (pytree); the C++ cache (csrc/graph/cache.h) keys them on
 each tensor's shape, dtype and device, each immutable value's exact value, each module/function's identity,
-and grad mode (csrc/bindings.cpp key_leaves); a hit replays the entry in C++ (copy plan, then the executable,
+and grad mode (csrc/python/keys.cpp); a hit replays the entry in C++ (copy plan, then the executable,
 then safe-output clones); a miss captures through the driver of the inputs' device (drivers.py), under the
 process-wide capture lock, inserts the entry (evicting by count or memory) and replays it. What cannot be keyed
 or captured safely runs ``fn`` eagerly, the reason counted: objects that are not values (numpy arrays...),
@@ -29,7 +29,8 @@ The backend's graph routes call ``compile_graph_route(gm, example_inputs, config
   compile-time capture of the seed); with lazy capture, or fake example inputs (inside aot_autograd), the
   first real call captures, and its static inputs share that call's storage (``detach()``).
 - ``config``: any object with the graph_* fields (CompilationConfig); read once, here.
-- ``stats``: the backend's ``Stats``; this route adds its captures, replays, copies, evictions and fallbacks.
+- ``stats``: the backend's ``Stats``; this route's cache counts its captures, replays, copies and evictions into
+  ``stats.counters``, and the route adds its fallbacks.
 - returns ``callable(*args)`` with gm's calling convention (positional, unboxed) and gm's output structure.
   A backend needing aot's boxed convention wraps it with ``functorch.compile.make_boxed_func``.
 """
@@ -45,8 +46,8 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils import _pytree as pytree
 
-from fusegraph import _C
-from fusegraph.stats import Stats
+from .. import _C
+from ..stats import Stats
 
 from . import ranks
 from .buckets import graph_batch_spec, make_buckets
@@ -56,7 +57,8 @@ from .options import GraphOptions
 
 _log = logging.getLogger("fusegraph.graph")
 
-_REPLAYED, _MISS, _FAILED, _NOT_FLAT, _SPECIAL_TENSOR, _UNKEYABLE = 0, 1, 2, 3, 4, 5  # csrc/bindings.cpp key_leaves
+_Status = _C.graph.LookupStatus  # what a cache call found (csrc/graph/cache.h)
+_REPLAYED, _MISS, _FAILED = _Status.Replayed, _Status.Miss, _Status.Failed
 _OUTPUT_TYPES = (torch.Tensor, int, float, bool, str, type(None))  # what a captured graph can return
 # Past this many captured graphs for one non-tensor argument position, warn once (a value that changes on
 # every call, such as a float timestep, captures a graph per value).
@@ -143,10 +145,10 @@ class GraphRunner:
         self.stats = stats if stats is not None else Stats()
         self.name = name or getattr(fn, "__name__", type(fn).__name__)
         o = self.options
-        self._cache = _C.graph.GraphCache(o.graph_max_entries, o.graph_eviction, o.graph_memory_budget,
-                                          o.graph_recapture, o.safe_output_mode)
+        self._cache = _C.graph.GraphCache(o.graph_max_entries, _C.graph.Eviction[o.graph_eviction],
+                                          o.graph_memory_budget, o.graph_recapture, o.safe_output_mode,
+                                          self.stats.counters)
         self._lock = threading.RLock()
-        self._memory = 0  # this runner's share of stats.graph_memory_bytes
         # The weights a graph reads are those of the modules it was captured with: fn's own (a module, a bound
         # method of one, modules in its closure) and module arguments (keyed by identity). A replaced
         # parameter, buffer or submodule drops the captured graphs (in-place writes are read live).
@@ -178,9 +180,10 @@ class GraphRunner:
                 self._check_weights(self._fn_guard, "fn")
             if not kwargs:  # fast path: flat positional tensors go to C++ as they are
                 res = self._cache.call(args, debug, True)
-                if res[0] < _NOT_FLAT:
+                status = res.status
+                if status is _REPLAYED or status is _MISS or status is _FAILED:
                     return self._finish(res, args, None, args, kwargs)
-                if res[0] == _SPECIAL_TENSOR:
+                if status is _Status.SpecialTensor:
                     return self._special(args, None, args, kwargs)
             flat, in_spec = pytree.tree_flatten((args, kwargs))
             leaves = flat + [self._spec_key(in_spec)]  # the argument structure is part of the signature
@@ -189,10 +192,10 @@ class GraphRunner:
                 if modules:
                     self._check_module_args(leaves, modules)
             res = self._cache.call(leaves, debug)
-            if res[0] == _SPECIAL_TENSOR:
+            if res.status is _Status.SpecialTensor:
                 return self._special(leaves, in_spec, args, kwargs)
-            if res[0] == _UNKEYABLE:
-                return self._eager(f"{res[6]}: only tensors, immutable values (numbers, strings, dtypes...) and "
+            if res.status is _Status.Unkeyable:
+                return self._eager(f"{res.failure}: only tensors, immutable values (numbers, strings, dtypes...) and "
                                    "modules/functions (by identity) key a graph; pass it as a tensor", args, kwargs)
             return self._finish(res, leaves, in_spec, args, kwargs)
 
@@ -237,9 +240,8 @@ class GraphRunner:
         graph_fallback="raise"."""
         if self.options.graph_fallback == "raise":
             raise RuntimeError(f"fusegraph: {self.name}: cannot capture this call: {reason}")
-        with self.stats._lock:
-            self.stats.eager_calls += 1
-            self.stats.fallbacks[reason] = self.stats.fallbacks.get(reason, 0) + 1
+        self.stats.add(eager_calls=1)
+        self.stats.add_fallback(reason)
         if reason not in self._warned:
             self._warned.add(reason)
             _log.warning("fusegraph: %s runs uncaptured: %s", self.name, reason)
@@ -252,8 +254,7 @@ class GraphRunner:
             return False
         _log.info("fusegraph: %s: %s's '%s' was replaced since capture; dropping %d captured graph(s)", self.name,
                   what, changed, len(self._cache))
-        with self.stats._lock:
-            self.stats.weight_invalidations += 1
+        self.stats.add(weight_invalidations=1)
         self.clear()
         if what == "fn":
             self._fn_guard = _module_guard(_modules_of(self.fn))
@@ -270,15 +271,13 @@ class GraphRunner:
                 self._arg_guards[id(m)] = (m, _module_guard([m]))
 
     def _finish(self, res, leaves, in_spec, args, kwargs):
-        status, outs, info, copied, skipped, drifted = res[:6]
-        if status == _REPLAYED:
-            s = self.stats
-            with s._lock:
-                s.replays += 1
-                s.inputs_copied += copied
-                s.inputs_skipped += skipped
-            if drifted:
-                self._warn_drift(drifted)
+        """A cache call's outcome: a replay's outputs in fn's structure (the cache counted the replay), fn run
+        uncaptured for a signature whose capture failed (the cache counted the eager call), or a capture."""
+        status = res.status
+        if status is _REPLAYED:
+            outs, info = res.outputs, res.user
+            if res.drifted:
+                self._warn_drift(res.drifted)
             if info.out_spec is None:
                 return outs[0]
             if info.flat_type is not None:
@@ -287,11 +286,9 @@ class GraphRunner:
                 for j, value in info.constants.items():
                     outs[j] = value
             return pytree.tree_unflatten(outs, info.out_spec)
-        if status == _FAILED:
-            with self.stats._lock:
-                self.stats.eager_calls += 1
+        if status is _FAILED:
             return self.fn(*args, **kwargs)
-        if status != _MISS:
+        if status is not _MISS:
             raise AssertionError(f"fusegraph: unexpected cache status {status}")
         return self._capture_and_call(leaves, in_spec, args, kwargs)
 
@@ -318,11 +315,10 @@ class GraphRunner:
 
     def _capture_and_call(self, leaves, in_spec, args, kwargs):
         if not self._capture(leaves, in_spec, args, kwargs, lazy=None):
-            with self.stats._lock:
-                self.stats.eager_calls += 1
+            self.stats.add(eager_calls=1)
             return self.fn(*args, **kwargs)
         res = self._cache.call(leaves, False)
-        assert res[0] == _REPLAYED, "fusegraph: an entry just inserted was not found"
+        assert res.status is _REPLAYED, "fusegraph: an entry just inserted was not found"
         return self._finish(res, leaves, in_spec, args, kwargs)
 
     def _capture(self, leaves, in_spec, args, kwargs, *, lazy) -> bool:
@@ -391,18 +387,11 @@ class GraphRunner:
             return self._fail(leaves, f"{driver.name} capture failed: {type(e).__name__}: {first}")
         seconds = time.perf_counter() - t0
         info = _EntryInfo(out_box.get("spec"), cap, driver.name, out_box.get("constants"))
-        before = self._cache.counters()
+        # the cache counts the capture, the recapture, evictions and memory into stats.counters
         evicted = self._cache.insert(leaves, cap.static_inputs, cap.executable, int(cap.memory_bytes), info)
-        counters = self._cache.counters()
-        with self.stats._lock:
-            s = self.stats
-            for name in ("graphs_captured", "recaptures", "evictions"):
-                setattr(s, name, getattr(s, name) + counters[name] - before[name])
-            s.capture_seconds += seconds
-            s.graph_memory_bytes += counters["graph_memory_bytes"] - self._memory
-            if cap.fallback_reason:
-                s.fallbacks[cap.fallback_reason] = s.fallbacks.get(cap.fallback_reason, 0) + 1
-        self._memory = counters["graph_memory_bytes"]
+        self.stats.add(capture_seconds=seconds)
+        if cap.fallback_reason:
+            self.stats.add_fallback(cap.fallback_reason)
         self._note_values(leaves)
         _log.info("fusegraph: %s captured %s graph for %s (%.3f s, %.1f MiB)%s", self.name, driver.name,
                   _C.graph.GraphCache.describe_signature(leaves), seconds, cap.memory_bytes / 2**20,
@@ -496,16 +485,10 @@ class GraphRunner:
     def entry_ids(self) -> list:
         return self._cache.entry_ids()
 
-    def counters(self) -> dict:
-        """This runner's own counters, from the C++ cache (stats may be shared with a backend)."""
-        return self._cache.counters()
-
     def clear(self) -> None:
+        """Drops every captured graph (their memory leaves stats.graph_memory_bytes)."""
         with self._lock:
             self._cache.clear()
-            with self.stats._lock:
-                self.stats.graph_memory_bytes -= self._memory
-            self._memory = 0
 
 
 def _list_outputs(gm):

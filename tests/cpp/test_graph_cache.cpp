@@ -64,7 +64,7 @@ TEST(GraphCache, SameSignatureReplaysTheEntry) {
   ASSERT_EQ(r.status, fg::LookupStatus::Replayed);
   EXPECT_TRUE(at::equal(r.outputs[0].toTensor(), y * 2));
   EXPECT_EQ(r.copied, 1);
-  EXPECT_EQ(cache.counters().replays, 1);
+  EXPECT_EQ(cache.counters()->get(fg::Count::replays), 1);
   EXPECT_EQ(cache.call(sig_of(at::randn({5})), {at::randn({5})}).status, fg::LookupStatus::Miss);
 }
 
@@ -77,7 +77,7 @@ TEST(GraphCache, FifoEvictsTheOldest) {
   auto c = add_entry(cache, at::randn({3}), 0, &evicted);
   EXPECT_EQ(evicted, std::vector<uint64_t>{a});
   EXPECT_EQ(cache.entry_ids(), (std::vector<uint64_t>{b, c}));
-  EXPECT_EQ(cache.counters().evictions, 1);
+  EXPECT_EQ(cache.counters()->get(fg::Count::evictions), 1);
 }
 
 TEST(GraphCache, LruEvictsTheLeastRecentlyUsed) {
@@ -100,15 +100,53 @@ TEST(GraphCache, MemoryBudgetEvictsUntilItFits) {
   fg::GraphCache cache(o);
   auto a = add_entry(cache, at::randn({1}), 100);
   auto b = add_entry(cache, at::randn({2}), 100);
-  EXPECT_EQ(cache.counters().memory_bytes, 200);
+  EXPECT_EQ(cache.memory_bytes(), 200);
   std::vector<uint64_t> evicted;
   auto c = add_entry(cache, at::randn({3}), 100, &evicted);
   EXPECT_EQ(evicted, std::vector<uint64_t>{a});
-  EXPECT_EQ(cache.counters().memory_bytes, 200);
+  EXPECT_EQ(cache.memory_bytes(), 200);
   // an entry larger than the whole budget evicts everything else but stays
   auto d = add_entry(cache, at::randn({4}), 1000, &evicted);
   EXPECT_EQ(evicted, (std::vector<uint64_t>{b, c}));
   EXPECT_EQ(cache.entry_ids(), std::vector<uint64_t>{d});
+  EXPECT_EQ(cache.counters()->get(fg::Count::graph_memory_bytes), 1000);
+  cache.clear();
+  EXPECT_EQ(cache.memory_bytes(), 0);
+  EXPECT_EQ(cache.counters()->get(fg::Count::graph_memory_bytes), 0);
+}
+
+// The caches of one Stats count into its counters: a replay, capture, eviction and memory are counted once,
+// and each cache's memory budget is its own.
+TEST(GraphCache, CachesShareTheirStatsCounters) {
+  auto counters = std::make_shared<fg::Counters>();
+  fg::CacheOptions o;
+  o.memory_budget = 150;
+  fg::GraphCache one(o, counters), two(o, counters);
+  add_entry(one, at::randn({1}), 100);
+  add_entry(two, at::randn({1}), 100);
+  auto x = at::randn({1});
+  EXPECT_EQ(one.call(sig_of(x), {x}).status, fg::LookupStatus::Replayed);
+  EXPECT_EQ(two.call(sig_of(x), {x}).status, fg::LookupStatus::Replayed);
+  EXPECT_EQ(counters->get(fg::Count::graphs_captured), 2);
+  EXPECT_EQ(counters->get(fg::Count::replays), 2);
+  EXPECT_EQ(counters->get(fg::Count::graph_memory_bytes), 200);
+  add_entry(one, at::randn({2}), 100);  // over one's own budget: evicts one's first entry only
+  EXPECT_EQ(counters->get(fg::Count::evictions), 1);
+  EXPECT_EQ(counters->get(fg::Count::recaptures), 1);
+  EXPECT_EQ(counters->get(fg::Count::graph_memory_bytes), 200);
+  EXPECT_EQ(one.memory_bytes(), 100);
+  one.record_failure(sig_of(at::randn({3})), "boom");
+  EXPECT_EQ(one.call(sig_of(at::randn({3})), {at::randn({3})}).status, fg::LookupStatus::Failed);
+  EXPECT_EQ(counters->get(fg::Count::eager_calls), 1);
+  counters->add(fg::Seconds::capture_seconds, 0.25);
+  counters->add(fg::Seconds::capture_seconds, 0.5);
+  EXPECT_DOUBLE_EQ(counters->get(fg::Seconds::capture_seconds), 0.75);
+}
+
+TEST(GraphCounters, NamesAreTheStatsAttributes) {
+  EXPECT_EQ(fg::Counters::count_names()[static_cast<int>(fg::Count::replays)], "replays");
+  EXPECT_EQ(fg::Counters::count_names()[fg::kNumCounts - 1], "graph_memory_bytes");
+  EXPECT_EQ(fg::Counters::seconds_names()[static_cast<int>(fg::Seconds::compile_seconds)], "compile_seconds");
 }
 
 TEST(GraphCache, CopyPlanSkipsTheStaticBuffer) {
@@ -129,9 +167,9 @@ TEST(GraphCache, CopyPlanSkipsTheStaticBuffer) {
   r = cache.call(sig_of(z), {z});
   EXPECT_EQ(r.copied, 1);
   EXPECT_TRUE(at::equal(r.outputs[0].toTensor(), z * 2));
-  auto c = cache.counters();
-  EXPECT_EQ(c.inputs_skipped, 2);
-  EXPECT_EQ(c.inputs_copied, 1);
+  const fg::Counters& c = *cache.counters();
+  EXPECT_EQ(c.get(fg::Count::inputs_skipped), 2);
+  EXPECT_EQ(c.get(fg::Count::inputs_copied), 1);
 }
 
 TEST(GraphCache, SafeOutputsAreClones) {

@@ -40,7 +40,7 @@ class _RecordingRunner:
 
     def __init__(self, fn, config=None, stats=None):
         self.fn, self.config, self.stats = fn, config, stats
-        stats.graphs_captured += 1
+        stats.add(graphs_captured=1)
         _RecordingRunner.created.append(self)
 
     def __call__(self, *args):
