@@ -1,10 +1,8 @@
 """Runtime hardening (issue 8): threads, argument keys, layouts, fallbacks, weights, gradients.
 
 Each test reproduces a defect found by adversarial use and fails without its fix."""
-import copy
 import dataclasses
 import logging
-import pickle
 import threading
 
 import numpy as np
@@ -192,15 +190,6 @@ def test_a_stride0_first_input_leaves_dense_static_buffers(lazy):
     close(r(y), y * 2)
     close(r(e), e * 2)
     assert r.stats.graphs_captured == 1 and r.stats.replays == 3
-
-
-def test_a_stride0_first_input_on_the_stream_driver(npu):
-    r = GraphRunner(lambda x: x * 2, CompilationConfig(device_graph="npu", graph_lazy_capture=True))
-    e = torch.randn(1, 4).expand(3, 4)
-    close(r(e), e * 2)
-    y = torch.randn(3, 4)
-    close(r(y), y * 2)
-    assert r.stats.graphs_captured == 1 and r.stats.replays == 2 and not r.stats.fallbacks
 
 
 # ---- 4. fallback means fallback ----

@@ -1,8 +1,10 @@
 """The NPU driver against the CPU stand-in of torch.npu's graph surface (npu_standin.py). Real Ascend
 hardware is untested."""
 import gc
+import logging
 import types
 
+import pytest
 import torch
 
 from fusegraph.graph import GraphRunner, npu_graph_available
@@ -168,3 +170,47 @@ def test_streams_are_shared_not_created_per_entry(npu, monkeypatch):
         r(torch.randn(n))
     assert r.stats.graphs_captured == 5
     assert len(created) == 2  # one capture stream and one copy stream for the device
+
+
+def test_fallback_eager_runs_uncaptured_and_raise_reraises(npu, unfused_runner):
+    def fn(x):
+        return x * x.sum().item()  # a host sync: not capturable into a device graph
+
+    r = GraphRunner(fn, cfg())
+    x = torch.randn(4)
+    torch.testing.assert_close(r(x), fn(x), rtol=0, atol=0)
+    torch.testing.assert_close(r(x), fn(x), rtol=0, atol=0)
+    assert r.num_entries == 0 and r.stats.graphs_captured == 0
+    (reason,) = r.stats.fallbacks
+    assert "npu capture failed" in reason and ".item()" in reason
+    assert r.stats.eager_calls == 2
+    strict = GraphRunner(fn, cfg(graph_fallback="raise"))
+    with pytest.raises(RuntimeError, match="host synchronisation"):
+        strict(x)
+    assert strict.num_entries == 0
+
+
+def test_debug_warns_on_address_drift(caplog, npu, unfused_runner):
+    r = GraphRunner(lambda x: x + 1, cfg(graph_lazy_capture=True))
+    x = torch.randn(4)
+    r(x)
+    with caplog.at_level(logging.DEBUG, logger="fusegraph.graph"):
+        r(x)
+        assert not [m for m in caplog.messages if "captured address" in m]
+        r(torch.randn(4))
+    assert any("not at the captured address" in m and "static buffer" in m for m in caplog.messages)
+    host = GraphRunner(lambda x: x + 1)  # the host graph binds any address: no warning
+    host(x)
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="fusegraph.graph"):
+        host(torch.randn(4))
+    assert not [m for m in caplog.messages if "captured address" in m]
+
+
+def test_a_stride0_first_input_on_the_stream_driver(npu):
+    r = GraphRunner(lambda x: x * 2, cfg(graph_lazy_capture=True))
+    e = torch.randn(1, 4).expand(3, 4)
+    torch.testing.assert_close(r(e), e * 2, rtol=0, atol=0)
+    y = torch.randn(3, 4)
+    torch.testing.assert_close(r(y), y * 2, rtol=0, atol=0)
+    assert r.stats.graphs_captured == 1 and r.stats.replays == 2 and not r.stats.fallbacks

@@ -7,7 +7,6 @@ import pickle
 import pytest
 import torch
 
-import fusegraph
 from fusegraph import Backend, CompilationConfig
 
 
