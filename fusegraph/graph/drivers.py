@@ -151,9 +151,6 @@ class _StreamGraphDriver:
     def _new_graph(self, mod):
         raise NotImplementedError
 
-    def _graph_context(self, mod, graph, pool, stream):
-        return mod.graph(graph, pool=pool, stream=stream)
-
     def _memory_allocated(self, mod, device):
         fn = getattr(mod, "memory_allocated", None)
         return fn(device) if fn is not None else 0
@@ -190,7 +187,7 @@ class _StreamGraphDriver:
         before = self._memory_allocated(mod, device)
         graph = self._new_graph(mod)
         with _quiet_memory_hooks(mod):
-            with self._graph_context(mod, graph, self.pool(mod, device), side):
+            with mod.graph(graph, pool=self.pool(mod, device), stream=side):
                 outputs = flat_fn(*static)
         pool_bytes = max(0, self._memory_allocated(mod, device) - before)
         owned = [] if options.graph_lazy_capture else static
@@ -228,9 +225,6 @@ class CudaDriver(_StreamGraphDriver):
 
     def _new_graph(self, mod):
         return mod.CUDAGraph()
-
-    def _graph_context(self, mod, graph, pool, stream):
-        return mod.graph(graph, pool=pool, stream=stream)
 
 
 class NpuDriver(_StreamGraphDriver):
