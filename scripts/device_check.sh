@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Device check, one call on a GPU machine (no network): build fusegraph._C with CUDA against the
-# installed torch (or install a fusegraph wheel: FG_WHEEL below), run the C++ tests, the op tests (CUDA and CPU), the graph-runtime tests, the decode and
-# op benchmarks on CUDA, the NCCL multi-process check (scripts/nccl_check.py), and the fusion tests on that
-# machine's torch.
+# installed torch (or install a fusegraph wheel: FG_WHEEL below), run the C++ tests, the op tests (CUDA and
+# CPU), the graph-runtime tests, the decode and op benchmarks on CUDA, the NCCL multi-process check
+# (scripts/nccl_check.py), and the fusion tests on that machine's torch.
 # Usage (repo root):  OUT=/some/dir scripts/device_check.sh     (OUT defaults to ./out)
 # FG_WHEEL (default auto): where fusegraph._C comes from.
 #   auto   a fusegraph wheel in wheels/ that fits this python and torch (scripts/packaging/pick_wheel.py), else
@@ -96,14 +96,17 @@ case "$FG_WHEEL" in
         wheels/pathspec-*.whl wheels/packaging-*.whl 2>&1 | tee -a "$OUT/env.log" && SKB_ENV=(PYTHONPATH="$SKB_DIR")
     fi
     if "$PY" -c "import scikit_build_core" 2>/dev/null || [ "${#SKB_ENV[@]}" -gt 0 ]; then
+      rm -rf "$OUT/dist"
       WHEEL_ARGS=(--no-build-isolation --no-deps --no-index --wheel-dir "$OUT/dist")
       [ -z "$NVCC" ] || WHEEL_ARGS+=(-C "cmake.define.NVCC_EXECUTABLE=$NVCC")
-      step wheel_build 300 env "${SKB_ENV[@]}" CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" "$PY" -m pip wheel "${WHEEL_ARGS[@]}" .
+      step wheel_build 300 env "${SKB_ENV[@]}" CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" \
+        "$PY" -m pip wheel "${WHEEL_ARGS[@]}" .
       WHEEL="$(ls "$OUT"/dist/fusegraph-*.whl 2>/dev/null | head -1)"
     else
       skip wheel_build "no scikit-build-core here and none in wheels/ (make device-wheels): the CMake build"
     fi ;;
-  *) WHEEL="$("$PY" scripts/packaging/pick_wheel.py "$FG_WHEEL")" || { STATUS=1; WHEEL=""; } ;;
+  *) WHEEL="$("$PY" scripts/packaging/pick_wheel.py "$FG_WHEEL" 2>>"$OUT/env.log")" ||
+       { STATUS=1; WHEEL=""; skip wheel_install "FG_WHEEL=$FG_WHEEL does not fit (env.log): the CMake build"; } ;;
 esac
 if [ -n "$WHEEL" ]; then
   echo "fusegraph wheel: $WHEEL" | tee -a "$OUT/env.log"
