@@ -8,16 +8,19 @@ BUILD_DIR ?= build
 JOBS ?= 2
 DEPS_STAMP := $(VENV)/.fusegraph-deps
 
-.PHONY: all demo test test-zoo build venv system-deps cpp-test pytest bench device-wheels clean
+.PHONY: all demo test test-zoo build venv system-deps cpp-test pytest bench wheel wheel-check device-wheels clean
 
 all: build
 
 $(PY):
 	$(PYTHON_BOOT) -m venv $(VENV)
 
+# The checkout is used in place: `make build` puts fusegraph/_C*.so next to the Python files. The editable install
+# only registers it with the venv (fusegraph importable from anywhere, the torch_dynamo_backends entry point);
+# wheel.cmake=false: no second build of the extension (scikit-build-core would build it in its own folder).
 $(DEPS_STAMP): requirements.txt pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -r requirements.txt
-	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -C wheel.cmake=false -C editable.mode=inplace -e .
 	touch $@
 
 venv: $(DEPS_STAMP)
@@ -44,7 +47,8 @@ cpp-test: build
 pytest: build
 	$(PY) -m pytest tests
 
-test: cpp-test
+# wheel-check before pytest: pytest's summary stays the last line.
+test: cpp-test wheel-check
 	$(PY) -m pytest tests
 
 # The full model zoo (tests/zoo): every diffusers transformer class on every route; `make test` runs its fast tier.
@@ -57,9 +61,20 @@ demo: build
 bench: build
 	$(PY) -m fusegraph bench ops
 
-# The GPU machine has no network and no diffusers: scripts/device_check.sh installs this wheel when carried.
+# The wheel users get (pyproject.toml: scikit-build-core runs CMakeLists.txt against the venv's torch, no tests).
+wheel: $(DEPS_STAMP)
+	$(PY) -m pip wheel --no-build-isolation --no-deps --wheel-dir dist .
+
+# That wheel built, installed into a fresh venv with only the same torch and used from outside the checkout.
+wheel-check: $(DEPS_STAMP)
+	PYTHON=$(abspath $(PY)) scripts/check_wheel.sh
+
+# The GPU machine has no network: scripts/device_check.sh installs diffusers from this folder, and builds the
+# fusegraph wheel there with the carried build backend (scikit-build-core and its dependencies).
+pin = "$(1)==$$(sed -n 's/^$(1)==//p' requirements.txt)"
 device-wheels: $(DEPS_STAMP)
-	$(PY) -m pip download --quiet --no-deps --dest wheels "diffusers==$$(sed -n 's/^diffusers==//p' requirements.txt)"
+	$(PY) -m pip download --quiet --no-deps --dest wheels $(call pin,diffusers) $(call pin,scikit-build-core) \
+	  $(call pin,pathspec) $(call pin,packaging)
 
 clean:
-	rm -rf $(BUILD_DIR) fusegraph/_C*.so
+	rm -rf $(BUILD_DIR) dist fusegraph/_C*.so

@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
 # Device check, one call on a GPU machine (no network): build fusegraph._C with CUDA against the
-# installed torch, run the C++ tests, the op tests (CUDA and CPU), the graph-runtime tests, the decode and
-# op benchmarks on CUDA, the NCCL multi-process check (scripts/nccl_check.py), and the fusion tests on that
-# machine's torch.
+# installed torch (or install a fusegraph wheel: FG_WHEEL below), run the C++ tests, the op tests (CUDA and
+# CPU), the graph-runtime tests, the decode and op benchmarks on CUDA, the NCCL multi-process check
+# (scripts/nccl_check.py), and the fusion tests on that machine's torch.
 # Usage (repo root):  OUT=/some/dir scripts/device_check.sh     (OUT defaults to ./out)
+# FG_WHEEL (default auto): where fusegraph._C comes from.
+#   auto   a fusegraph wheel in wheels/ that fits this python and torch (scripts/packaging/pick_wheel.py), else
+#          the direct CMake build into $BUILD_DIR (with the C++ tests) as without a wheel
+#   FILE   that wheel (it must fit);  off  the direct CMake build only
+#   build  `pip wheel --no-build-isolation` here (scikit-build-core from wheels/, `make device-wheels`, when not
+#          installed); the wheel is kept in $OUT/dist, so it can be carried next time; the CMake build if it cannot
+# A wheel is installed into a temporary folder and checked from outside the checkout (scripts/packaging/smoke.py
+# and its CUDA kernels); its _C is then copied into fusegraph/, so the tests below run that very binary.
 # Every step's output is tee'd to $OUT/<step>.log; a summary is printed at the end and written to
 # $OUT/summary.txt. Exit status: 0 when every step passed, else 1. Budget: BUDGET_S (470 s) for all steps.
 set -uo pipefail  # not -e: a failing step is recorded and the later steps still run
@@ -70,14 +78,50 @@ fi
 echo "nvcc: ${NVCC:-NOT FOUND}" | tee -a "$OUT/env.log"
 [ -n "$NVCC" ] && "$NVCC" --version | tail -2 | tee -a "$OUT/env.log"
 
-# ---- build ----
+if [ -n "$NVCC" ]; then
+  export CUDA_HOME="${CUDA_HOME:-$(dirname "$(dirname "$NVCC")")}"
+fi
+
+# ---- a fusegraph wheel (FG_WHEEL) ----
+FG_WHEEL="${FG_WHEEL:-auto}"
+WHEEL=""
+case "$FG_WHEEL" in
+  off) ;;
+  auto) WHEEL="$("$PY" scripts/packaging/pick_wheel.py wheels 2>>"$OUT/env.log")" || WHEEL="" ;;
+  build)
+    SKB_ENV=()
+    if ! "$PY" -c "import scikit_build_core" 2>/dev/null; then
+      SKB_DIR="$(mktemp -d)"
+      "$PY" -m pip install --quiet --no-deps --no-index --target "$SKB_DIR" wheels/scikit_build_core-*.whl \
+        wheels/pathspec-*.whl wheels/packaging-*.whl 2>&1 | tee -a "$OUT/env.log" && SKB_ENV=(PYTHONPATH="$SKB_DIR")
+    fi
+    if "$PY" -c "import scikit_build_core" 2>/dev/null || [ "${#SKB_ENV[@]}" -gt 0 ]; then
+      rm -rf "$OUT/dist"
+      WHEEL_ARGS=(--no-build-isolation --no-deps --no-index --wheel-dir "$OUT/dist")
+      [ -z "$NVCC" ] || WHEEL_ARGS+=(-C "cmake.define.NVCC_EXECUTABLE=$NVCC")
+      step wheel_build 300 env "${SKB_ENV[@]}" CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" \
+        "$PY" -m pip wheel "${WHEEL_ARGS[@]}" .
+      WHEEL="$(ls "$OUT"/dist/fusegraph-*.whl 2>/dev/null | head -1)"
+    else
+      skip wheel_build "no scikit-build-core here and none in wheels/ (make device-wheels): the CMake build"
+    fi ;;
+  *) WHEEL="$("$PY" scripts/packaging/pick_wheel.py "$FG_WHEEL" 2>>"$OUT/env.log")" ||
+       { STATUS=1; WHEEL=""; skip wheel_install "FG_WHEEL=$FG_WHEEL does not fit (env.log): the CMake build"; } ;;
+esac
+if [ -n "$WHEEL" ]; then
+  echo "fusegraph wheel: $WHEEL" | tee -a "$OUT/env.log"
+  WHEEL_SITE="$(mktemp -d)"
+  step wheel_install 60 "$PY" -m pip install --no-deps --no-index --target "$WHEEL_SITE" "$WHEEL"
+  step wheel_smoke 150 env PYTHONPATH="$WHEEL_SITE" "$PY" scripts/packaging/smoke.py "$PWD" --cuda
+  rm -f fusegraph/_C*.so
+  cp "$WHEEL_SITE"/fusegraph/_C*.so fusegraph/ || WHEEL=""
+fi
+
+# ---- build (without a wheel) ----
 CMAKE_ARGS=(-S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$PY")
 GENERATOR="$(command -v ninja >/dev/null && echo Ninja || echo 'Unix Makefiles')"
 CMAKE_ARGS+=(-G "$GENERATOR")
-if [ -n "$NVCC" ]; then
-  CMAKE_ARGS+=(-DNVCC_EXECUTABLE="$NVCC")
-  export CUDA_HOME="${CUDA_HOME:-$(dirname "$(dirname "$NVCC")")}"
-fi
+[ -z "$NVCC" ] || CMAKE_ARGS+=(-DNVCC_EXECUTABLE="$NVCC")
 HAVE_GTEST=0
 for f in /usr/lib/x86_64-linux-gnu/libgtest.a /usr/lib/aarch64-linux-gnu/libgtest.a /usr/lib/libgtest.a \
          /usr/local/lib/libgtest.a /usr/lib64/libgtest.a; do
@@ -92,15 +136,19 @@ if [ -f "$BUILD_DIR/CMakeCache.txt" ]; then
     rm -rf "$BUILD_DIR"
   fi
 fi
-step configure 90 cmake "${CMAKE_ARGS[@]}"
-step build 270 cmake --build "$BUILD_DIR" -j "$JOBS"
+if [ -z "$WHEEL" ]; then
+  step configure 90 cmake "${CMAKE_ARGS[@]}"
+  step build 270 cmake --build "$BUILD_DIR" -j "$JOBS"
+fi
 step has_cuda 30 "$PY" -c "import fusegraph, torch
 assert fusegraph._C.has_cuda_kernels(), 'fusegraph._C was built without CUDA kernels'
 assert torch.cuda.is_available(), 'torch sees no CUDA device'
 print('fusegraph CUDA kernels: yes')"
 
 # ---- tests ----
-if [ "$HAVE_GTEST" = 1 ]; then
+if [ -n "$WHEEL" ]; then
+  skip cpp_tests "_C from the wheel, which has no GoogleTest build (FG_WHEEL=off for the C++ tests)"
+elif [ "$HAVE_GTEST" = 1 ]; then
   step cpp_tests 60 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS"
 else
   skip cpp_tests "no GoogleTest (libgtest.a) on this machine"
