@@ -247,7 +247,7 @@ if [ "$NGPU" -ge 1 ]; then
 else
   skip nccl "no CUDA device"
 fi
-step fusion_tests 150 "$PY" -m pytest tests/fusion -q -p no:cacheprovider -rs
+step fusion_tests 150 "$PY" -m pytest tests/fusion tests/backend -q -p no:cacheprovider -rs
 
 # ---- summary ----
 {
