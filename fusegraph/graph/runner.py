@@ -578,7 +578,7 @@ def _module_guard(modules):
 def compile_graph_route(gm, example_inputs, config=None, stats: Stats | None = None):
     """The backend's graph route: a callable that captures ``gm`` per input signature and replays it.
     See the module docstring for the contract."""
-    # the graph's weights are the backend's business: inputs, or constants it froze and guards (_FrozenGraph)
+    # the graph's weights are the backend's business: inputs, or constants it froze and guards (freezing.FrozenGraph)
     options, batch = GraphOptions.from_config(config), None
     if options.graph_batch_buckets and isinstance(gm, torch.fx.GraphModule):
         # exact batch rule from the trace (buckets.py): Dynamo's symbolic dim 0; a static graph runs as it is
