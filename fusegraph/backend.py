@@ -222,7 +222,7 @@ class Backend:
         if self.config.verify:  # the post-grad graph's placeholders once Inductor froze the rest
             job.real_inputs = list(example_inputs)
         patches = {"post_grad_custom_pre_pass": fusion_pass, "freezing": job.freeze}
-        with freezing.no_fp32_linear_packing():
+        with freezing.packing_policy(self.config.concat_linear):
             compiled = compile_fx(gm, example_inputs, config_patches=patches)
         if job.pass_ran:
             fusion_pass.after_compile(gm, example_inputs, job.freeze)  # stores the record
@@ -273,7 +273,8 @@ class Backend:
                 job.record_ops(aot_gm)
             graph, keep = aot_gm, None
             if job.freeze and not torch.is_grad_enabled():
-                graph, keep = freezing.freeze_aot_graph(gm, aot_gm, aot_inputs, self._fallback)
+                graph, keep = freezing.freeze_aot_graph(gm, aot_gm, aot_inputs, self._fallback,
+                                                          self.config.concat_linear)
                 if keep is not None:
                     job.record_ops(graph)
             if route != "default":

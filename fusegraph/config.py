@@ -232,6 +232,10 @@ class CompilationConfig(_ConfigBase):
                               "hangs); 'capture' only before each capture (replay free of any exchange).")
     enable_freezing = _Field(True, _bool, "Fold parameters into constants before compiling (inference only: "
                                           "applies when autograd is off).")
+    concat_linear = _Field(True, _bool, "Under freezing, linears that read the same input (q/k/v projections) become "
+                                        "one GEMM on concatenated weights (Inductor's concat-linear freezing "
+                                        "pattern, which Inductor applies on CUDA; on by default here on CPU too). "
+                                        "The compiled graph then holds a concatenated copy of those weights.")
     inductor = _Field(True, _bool, "Default route: hand the fused graph to Inductor's codegen; False: run it as "
                                    "fused aten ops (fast compile, the seed's behaviour).")
     fusion_choice = _Field("auto", _choice("auto", "always"),

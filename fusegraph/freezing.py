@@ -4,8 +4,8 @@ The default route with Inductor freezes through Inductor's own ``freezing`` opti
 through ``torch._inductor.freezing.freeze`` (``freeze_aot_graph``). Either way the Dynamo graph's parameter inputs
 first become attributes (``parameters_to_attributes``), so freezing follows the Backend's config rather than
 Inductor's global one, and the frozen compile is guarded per call (``FrozenGraph``). Plus what freezing needs
-around it: no packing of float32 linears, opaque inputs (DTensor's DeviceMesh) kept as inputs, callables that
-drop the arguments freezing folded.
+around it: which weights are packed or concatenated (``packing_policy``), opaque inputs (DTensor's DeviceMesh)
+kept as inputs, callables that drop the arguments freezing folded.
 """
 from __future__ import annotations
 
@@ -38,11 +38,27 @@ def _is_fp32_linear(match) -> bool:
 
 
 @contextlib.contextmanager
-def no_fp32_linear_packing():
-    """Freezing that packs no float32 linear weight. Inductor registers its packing patterns once per process, on
-    the first freezing compile (``lazy_init``, which is called here so that the entries exist); their checks are
-    wrapped for the duration. Runs under Dynamo's compile lock (``Backend._compile``); another torch's layout of
-    these internals leaves packing as Inductor does it."""
+def packing_policy(concat_linear: bool = True):
+    """What freezing may do to the weights, for the duration of a frozen compile:
+
+    - float32 linears are not packed (above); bf16/fp16 ones are, as Inductor does it;
+    - a convolution is packed for oneDNN only where that is measured faster (``fusegraph.packing``);
+    - ``concat_linear``: linears reading the same input become one GEMM on concatenated weights (Inductor's own
+      freezing pattern, which Inductor applies on CUDA and leaves off on CPU: ``cpp.enable_concat_linear``).
+      Fewer, larger GEMMs: fewer calls and better blocking; the concatenated copy of those weights is held by
+      the compiled graph besides the module's own.
+
+    Inductor registers its packing patterns once per process, on the first freezing compile (``lazy_init``,
+    which is called here so that the entries exist); their checks are wrapped for the duration. Runs under
+    Dynamo's compile lock (``Backend._compile``); another torch's layout of these internals leaves packing as
+    Inductor does it."""
+    import torch._inductor.config
+
+    from . import packing
+
+    wraps = {"_is_packable_linear": lambda match, check: check(match) and not _is_fp32_linear(match),
+             "_is_packable_convolution": lambda match, check: (check(match)
+                                                               and packing.conv_packing_pays(match.output_node()))}
     entries = []
     try:
         from torch._inductor.fx_passes import freezing_patterns
@@ -50,14 +66,16 @@ def no_fp32_linear_packing():
         freezing_patterns.lazy_init()
         for pm in freezing_patterns.pass_patterns:
             for group in pm.patterns.values():
-                entries += [e for e in group if getattr(e.extra_check, "__name__", "") == "_is_packable_linear"]
+                entries += [e for e in group if getattr(e.extra_check, "__name__", "") in wraps]
     except (ImportError, AttributeError, TypeError):
         pass
     saved = [e.extra_check for e in entries]
     for e, check in zip(entries, saved):
-        e.extra_check = lambda match, check=check: check(match) and not _is_fp32_linear(match)
+        wrap = wraps[check.__name__]
+        e.extra_check = lambda match, check=check, wrap=wrap: wrap(match, check)
     try:
-        yield
+        with torch._inductor.config.patch({"cpp.enable_concat_linear": bool(concat_linear)}):
+            yield
     finally:
         for e, check in zip(entries, saved):
             e.extra_check = check
@@ -305,7 +323,7 @@ def drop_frozen_args(gm, keep):
     return run
 
 
-def freeze_aot_graph(dynamo_gm, aot_gm, aot_inputs, on_failure):
+def freeze_aot_graph(dynamo_gm, aot_gm, aot_inputs, on_failure, concat_linear: bool = True):
     """Parameters folded into constants (torch._inductor.freezing.freeze): (gm, kept arg indices), or
     (the unfrozen graph, None) after ``on_failure(reason)`` when freezing fails."""
     from torch._inductor.freezing import freeze
@@ -314,7 +332,7 @@ def freeze_aot_graph(dynamo_gm, aot_gm, aot_inputs, on_failure):
     # some inputs already turned into constants ("forward() takes 9 positional arguments but 11 were given")
     pristine = torch.fx.GraphModule(aot_gm, copy.deepcopy(aot_gm.graph))
     try:
-        with no_fp32_linear_packing(), opaque_inputs_stay_inputs():
+        with packing_policy(concat_linear), opaque_inputs_stay_inputs():
             frozen, keep = freeze(dynamo_gm, aot_gm, list(aot_inputs))
     except Exception as e:  # freezing is an optimisation: never fail a compile over it
         on_failure(f"freezing failed ({type(e).__name__}: {e}); running unfrozen")

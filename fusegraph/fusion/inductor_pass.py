@@ -31,7 +31,7 @@ except ImportError:  # older torch
 @functools.lru_cache(maxsize=None)
 def _source_hash() -> str:
     """The fusion's source: the family modules, the pass manager, the choice, this pass and the backend (what the
-    record holds, and the freezing's linear-packing policy)."""
+    record holds, and the freezing's packing policy)."""
     from torch._inductor.custom_graph_pass import get_hash_for_files
 
     from . import patterns
@@ -40,7 +40,7 @@ def _source_hash() -> str:
     files = [os.path.join(folder, f) for f in sorted(os.listdir(folder)) if f.endswith(".py")]
     package = os.path.dirname(os.path.dirname(__file__))
     files += [passes.__file__, choice.__file__, __file__, os.path.join(package, "backend.py"),
-              os.path.join(package, "freezing.py")]
+              os.path.join(package, "freezing.py"), os.path.join(package, "packing.py")]
     return get_hash_for_files(tuple(files)).hex()
 
 
@@ -73,7 +73,8 @@ class FusionPass(_PassBase):
         opts = tuple(sorted(fp.as_dict().items())) + (("verify", self.config.verify),
                                                       ("choice", self.config.fusion_choice, _choice_key(),
                                                        torch.get_num_threads()),
-                                                      ("linear packing", "bf16/fp16 only"))  # freezing.py
+                                                      ("packing", "linear: bf16/fp16 only, conv: measured",
+                                                       self.config.concat_linear))  # freezing.py
         return hashlib.sha256(repr((_source_hash(), opts)).encode()).hexdigest()
 
     def __deepcopy__(self, memo):  # Inductor may deep-copy its config; the pass is stateless as far as it is concerned

@@ -256,3 +256,91 @@ def test_freezing_packs_no_float32_linear_weights(route):
             torch.testing.assert_close(fn(x).float(), net(x).float(), **({} if packed is False else
                                                                        dict(rtol=2e-2, atol=1e-2)))
         assert bool(counters["inductor"].get("mkldnn_linear_weight_pack_matcher_count")) == packed, dtype
+
+
+class _Convs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 8, 3, padding=1)
+        self.dw = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+
+    def forward(self, x):
+        return self.dw(F.silu(self.conv(x)))
+
+
+@pytest.mark.parametrize("route", ["default", "aten"])
+@pytest.mark.parametrize("verdict", [True, False])
+def test_conv_packing_follows_the_measured_verdict(route, verdict, monkeypatch, tmp_path):
+    """A convolution is packed for oneDNN only where packing was measured faster for its signature; the verdict
+    is cached on disk and a later compile reads it instead of measuring again. Eager's result either way."""
+    from torch._dynamo.utils import counters
+
+    from fusegraph import packing
+
+    if not torch._C._has_mkldnn:
+        pytest.skip("no mkldnn: nothing would pack")
+    monkeypatch.setattr(packing, "cache_path", lambda: str(tmp_path / "conv.json"))
+    monkeypatch.setattr(packing, "_verdicts", None)
+    timed = []
+    monkeypatch.setattr(packing, "_time_both", lambda sig: timed.append(sig) or ((2e-5, 1e-5) if verdict
+                                                                               else (1e-5, 2e-5)))
+    torch.manual_seed(7)
+    net = _Convs().eval()
+    x = torch.randn(2, 4, 6, 5)
+    for attempt in range(2):
+        counters.clear()
+        torch._dynamo.reset()
+        with torch._inductor.config.patch(fx_graph_cache=False), torch.no_grad():
+            fn, backend = compiled(net, route)
+            torch.testing.assert_close(fn(x), net(x), rtol=1e-5, atol=1e-5)
+        packed = counters["inductor"].get("mkldnn_conv_weight_pack_matcher_count", 0)
+        assert packed == (2 if verdict else 0), (attempt, packed)
+        if attempt == 0:
+            assert sorted(s[2] for s in timed) == [(8, 1, 3, 3), (8, 4, 3, 3)]  # both signatures measured once
+            timed.clear()
+            monkeypatch.setattr(packing, "_verdicts", None)  # a new process: the verdicts come from the file
+    assert timed == []
+    assert all(d[1] == verdict for d in packing.decisions()[-2:])
+
+
+def test_conv_packing_measures_both_forms():
+    """The measurement itself: both forms run on the signature's shapes and give positive times."""
+    from fusegraph import packing
+
+    if not torch._C._has_mkldnn:
+        pytest.skip("no mkldnn: nothing would pack")
+    for sig in (("float32", (2, 4, 6, 5), (8, 4, 3, 3), True, (1, 1), (1, 1), (1, 1), False, (0, 0), 1),
+                ("float32", (1, 4, 2, 6, 5), (8, 4, 1, 2, 2), False, (1, 2, 2), (0, 0, 0), (1, 1, 1), False,
+                 (0, 0, 0), 1),
+                ("float32", (2, 4, 3, 3), (4, 2, 2, 2), True, (2, 2), (0, 0), (1, 1), True, (0, 0), 2)):
+        t_plain, t_packed = packing._time_both(sig)
+        assert 0 < t_plain < 1 and 0 < t_packed < 1, sig
+
+
+class _QKV(nn.Module):
+    def __init__(self, d=16):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x):
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        return torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("concat", [True, False])
+def test_concat_linear(route, concat):
+    """concat_linear: the three projections of one input become one GEMM on concatenated weights (fewer, larger
+    GEMMs) under freezing; off, they stay three. Eager's result either way."""
+    torch.manual_seed(8)
+    net = _QKV().eval()
+    x = torch.randn(2, 5, 16)
+    torch._dynamo.reset()
+    backend = Backend(CompilationConfig(concat_linear=concat, **ROUTES[route]))
+    fn = torch.compile(net, backend=backend)
+    with torch._inductor.config.patch(fx_graph_cache=False), torch.no_grad():
+        torch.testing.assert_close(fn(x), net(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(fn(x), net(x), rtol=1e-5, atol=1e-5)
+    ops = backend.last_graph_ops
+    linears = ops["aten.addmm.default"] + ops["aten.mm.default"] + ops["aten.linear.default"]
+    assert linears == (1 if concat else 3), ops

@@ -1,0 +1,163 @@
+"""Weight packing under freezing, decided per site by measurement.
+
+Freezing lets Inductor replace a convolution with oneDNN's packed form (``mkldnn._convolution_pointwise`` on a
+weight reordered once, activations in channels-last). That wins on large convolutions and loses on small ones:
+the packed call costs more per call, and the layout change costs copies. On the tiny diffusers models of the zoo
+(one patch-embedding conv, or Sana's GLUMBConv) packing made the frozen compile 20-40 us per call slower than
+plain ``torch.compile``, which does not freeze and never packs. So a convolution is packed only where packing is
+measured faster: both forms are timed once for the site's shapes, dtype, thread count and CPU (interleaved
+medians, ~50 ms per new signature), and the verdict is cached in memory and on disk next to Inductor's cache,
+the way Inductor's autotuning times its choices once. ``decisions()`` lists what was decided in this process.
+
+Linears: float32 ones are never packed (``freezing.no_fp32_linear_packing`` says why); bf16/fp16 ones stay as
+Inductor packs them.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+
+import torch
+
+log = logging.getLogger("fusegraph")
+
+# Pack where t(plain) / t(packed, with its layout change) is at least this (the choice's margin elsewhere too).
+MARGIN = 1.05
+CACHE_VERSION = 1
+
+_lock = threading.Lock()
+_verdicts: dict | None = None  # key -> [pack?, t_plain, t_packed]
+_decided: list = []  # (key, pack?, t_plain, t_packed) in this process, in order
+
+
+def cache_path() -> str:
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return os.path.join(cache_dir(), "fusegraph_packing", f"conv_v{CACHE_VERSION}.json")
+
+
+def _load() -> dict:
+    global _verdicts
+    if _verdicts is None:
+        try:
+            with open(cache_path()) as f:
+                data = json.load(f)
+            _verdicts = dict(data) if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            _verdicts = {}
+    return _verdicts
+
+
+def _store(key: str, verdict: list) -> None:
+    _verdicts[key] = verdict
+    path = cache_path()
+    try:  # merge with what other processes wrote; a failed write only costs a re-measurement later
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            with open(path) as f:
+                on_disk = json.load(f)
+        except (OSError, ValueError):
+            on_disk = {}
+        on_disk = on_disk if isinstance(on_disk, dict) else {}
+        on_disk[key] = verdict
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(on_disk, f, indent=0, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError as e:
+        log.debug("fusegraph: packing cache not written (%s)", e)
+
+
+def decisions() -> list:
+    """The packing verdicts of this process: (signature, packed?, t_plain, t_packed) per conv site decided."""
+    with _lock:
+        return list(_decided)
+
+
+def _shape(val) -> tuple | None:
+    try:
+        return tuple(int(s) for s in val.shape)
+    except (TypeError, ValueError):  # a symbolic size: no static signature to time
+        return None
+
+
+def conv_signature(node: torch.fx.Node) -> tuple | None:
+    """What the timing depends on, for an ``aten.convolution`` node: None when it cannot be timed."""
+    x, w, b = (a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in node.args[:3])
+    if x is None or w is None or x.device.type != "cpu":
+        return None
+    xs, ws = _shape(x), _shape(w)
+    if xs is None or ws is None:
+        return None
+    stride, padding, dilation, transposed, output_padding, groups = node.args[3:9]
+    return (str(x.dtype).replace("torch.", ""), xs, ws, b is not None, tuple(stride), tuple(padding),
+            tuple(dilation), bool(transposed), tuple(output_padding), int(groups))
+
+
+def _key(sig: tuple) -> str:
+    return "|".join([torch.__version__, torch.backends.cpu.get_cpu_capability(), f"t{torch.get_num_threads()}",
+                     repr(sig)])
+
+
+def _time_both(sig: tuple) -> tuple:
+    """Median seconds per call of the plain convolution and of the packed one including the input's change to
+    channels-last (Inductor may fold that change into a producer, or not: counted, to stay on the safe side)."""
+    from .fusion.choice import _paired_medians
+
+    dtype, xs, ws, has_bias, stride, padding, dilation, transposed, output_padding, groups = sig
+    dtype = getattr(torch, dtype)
+    x = torch.randn(xs, dtype=dtype)
+    w = torch.randn(ws, dtype=dtype)
+    b = torch.randn(ws[1] * groups if transposed else ws[0], dtype=dtype) if has_bias else None
+    mkldnn = torch.ops.mkldnn
+    fmt = torch.channels_last if len(xs) == 4 else torch.channels_last_3d
+    if transposed:
+        packed_w = mkldnn._reorder_convolution_transpose_weight(w, list(padding), list(output_padding),
+                                                                 list(stride), list(dilation), groups, list(xs))
+
+        def packed():
+            return mkldnn._convolution_transpose_pointwise(x.contiguous(memory_format=fmt), packed_w, b,
+                                                           list(padding), list(output_padding), list(stride),
+                                                           list(dilation), groups, "none", [], "")
+    else:
+        packed_w = mkldnn._reorder_convolution_weight(w, list(padding), list(stride), list(dilation), groups,
+                                                      list(xs))
+
+        def packed():
+            return mkldnn._convolution_pointwise(x.contiguous(memory_format=fmt), packed_w, b, list(padding),
+                                                 list(stride), list(dilation), groups, "none", [], "")
+
+    def plain():
+        return torch.ops.aten.convolution.default(x, w, b, list(stride), list(padding), list(dilation), transposed,
+                                                  list(output_padding), groups)
+
+    t_plain, t_packed = _paired_medians([plain, packed], min_time=0.025, rounds=7)
+    return t_plain, t_packed
+
+
+def conv_packing_pays(node: torch.fx.Node) -> bool:
+    """Whether packing this convolution is measured faster (cached per signature); False when it cannot be
+    measured (a symbolic shape, a failure: the plain convolution is what plain torch.compile runs too)."""
+    sig = conv_signature(node)
+    if sig is None:
+        return False
+    key = _key(sig)
+    with _lock:
+        verdict = _load().get(key)
+        if verdict is None:
+            from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+            try:
+                with unset_fake_temporarily(), torch.no_grad():
+                    t_plain, t_packed = _time_both(sig)
+            except Exception as e:  # an op this build lacks, a shape oneDNN refuses: leave it plain
+                log.info("fusegraph: conv %s not timed (%s: %s); left unpacked", sig, type(e).__name__, e)
+                return False
+            verdict = [t_plain >= MARGIN * t_packed, t_plain, t_packed]
+            _store(key, verdict)
+            log.info("fusegraph: conv %s: plain %.1f us, packed %.1f us: %s", sig, t_plain * 1e6, t_packed * 1e6,
+                     "packed" if verdict[0] else "left unpacked")
+        _decided.append((sig, bool(verdict[0]), verdict[1], verdict[2]))
+        return bool(verdict[0])
