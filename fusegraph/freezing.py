@@ -37,6 +37,30 @@ def _is_fp32_linear(match) -> bool:
     return val is None or val.dtype == torch.float32
 
 
+def _check_name(fn) -> str:
+    """The name of a pattern entry's check: the function itself, or for a replacement pattern (which
+    ``register_replacement`` wraps in a ``check_fn`` of its own) the check it wraps."""
+    name = getattr(fn, "__name__", "")
+    if name == "check_fn":
+        for cell in getattr(fn, "__closure__", None) or ():
+            try:
+                inner = cell.cell_contents
+            except ValueError:
+                continue
+            if callable(inner) and getattr(inner, "__name__", "").startswith("check_"):
+                return inner.__name__
+    return name
+
+
+def _same_weight_shapes(match) -> bool:
+    """Concatenate only projections of one shape (q, k, v): Inductor's check asks for the same input width only,
+    so it may group a wide MLP projection with two of them; its consumers then read strided column slices of the
+    merged output (copies before the fused ops that need rows), which measured slower than the GEMMs it saves
+    (tiny Flux's single blocks)."""
+    shapes = {tuple(match.kwargs[w].meta["val"].shape) for w in ("w1", "w2", "w3") if w in match.kwargs}
+    return len(shapes) == 1
+
+
 @contextlib.contextmanager
 def packing_policy(concat_linear: bool = True):
     """What freezing may do to the weights, for the duration of a frozen compile:
@@ -58,7 +82,8 @@ def packing_policy(concat_linear: bool = True):
 
     wraps = {"_is_packable_linear": lambda match, check: check(match) and not _is_fp32_linear(match),
              "_is_packable_convolution": lambda match, check: (check(match)
-                                                               and packing.conv_packing_pays(match.output_node()))}
+                                                               and packing.conv_packing_pays(match.output_node())),
+             "check_concat_weights": lambda match, check: check(match) and _same_weight_shapes(match)}
     entries = []
     try:
         from torch._inductor.fx_passes import freezing_patterns
@@ -66,12 +91,12 @@ def packing_policy(concat_linear: bool = True):
         freezing_patterns.lazy_init()
         for pm in freezing_patterns.pass_patterns:
             for group in pm.patterns.values():
-                entries += [e for e in group if getattr(e.extra_check, "__name__", "") in wraps]
+                entries += [e for e in group if _check_name(e.extra_check) in wraps]
     except (ImportError, AttributeError, TypeError):
         pass
     saved = [e.extra_check for e in entries]
     for e, check in zip(entries, saved):
-        wrap = wraps[check.__name__]
+        wrap = wraps[_check_name(check)]
         e.extra_check = lambda match, check=check, wrap=wrap: wrap(match, check)
     try:
         with torch._inductor.config.patch({"cpp.enable_concat_linear": bool(concat_linear)}):

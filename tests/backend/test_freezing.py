@@ -344,3 +344,32 @@ def test_concat_linear(route, concat):
     ops = backend.last_graph_ops
     linears = ops["aten.addmm.default"] + ops["aten.mm.default"] + ops["aten.linear.default"]
     assert linears == (1 if concat else 3), ops
+
+
+class _QKAndMLP(nn.Module):
+    """Two projections of one shape and a 4x wider MLP projection, all of one input (as in Flux's single block)."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.q, self.k, self.mlp = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, 4 * d)
+
+    def forward(self, x):
+        q, k = self.q(x), self.k(x)
+        return torch.softmax(q @ k.transpose(-1, -2), -1), F.gelu(self.mlp(x), approximate="tanh")
+
+
+@pytest.mark.parametrize("route", ["default", "aten"])
+def test_concat_linear_merges_only_projections_of_one_shape(route):
+    """Inductor's check would group the wide MLP projection with q and k (same input width); its consumers then
+    read strided column slices (copies before the fused GELU). Only projections of one shape are merged: here
+    none (Inductor's two-way pattern is for bias-free linears)."""
+    torch.manual_seed(9)
+    net = _QKAndMLP().eval()
+    x = torch.randn(2, 5, 16)
+    torch._dynamo.reset()
+    fn, backend = compiled(net, route)
+    with torch._inductor.config.patch(fx_graph_cache=False), torch.no_grad():
+        for out, ref in zip(fn(x), net(x)):
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    ops = backend.last_graph_ops
+    assert ops["aten.addmm.default"] + ops["aten.mm.default"] == 3, ops
