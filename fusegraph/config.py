@@ -170,6 +170,9 @@ class FusionPatterns(_ConfigBase):
                                               "(LayerNorm or RMSNorm(x)*(1+scale), no shift).")
     enable_fast_gelu = _Field(True, _bool, "Fuse tanh-GELU (gelu(x, approximate='tanh')) into one kernel.")
     enable_mul_add = _Field(True, _bool, "Fuse a*b+c (gated residuals, x*scalar+y) into fusegraph.mul_add.")
+    enable_kv_attention = _Field(True, _bool, "Fuse a decode step's attention over a KV cache (SDPA of at most 8 "
+                                              "queries per head over cat([k_cache, k_new]), CPU) into "
+                                              "fusegraph.kv_attention.")
     gelu_approximation = _Field("tanh", _choice("tanh", "sigmoid"),
                                 "'tanh': tanh-GELU becomes fusegraph.gelu_tanh (exact); 'sigmoid': "
                                 "fusegraph.fast_gelu x*sigmoid(1.702x), the NPU fast-gelu (up to 0.02 "

@@ -358,6 +358,19 @@ def _mul_add_anchor(node) -> Optional[str]:
 
 
 # family -> (node -> label or None). Order matters only for reading.
+def _kv_attention_anchor(node) -> Optional[str]:
+    """A decode step's SDPA on CPU (at most MAX_QUERIES query rows) whose keys and values are concatenations."""
+    from .fusion.patterns import kv_attention
+
+    sdpa = getattr(_aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if sdpa is None or not _is(node, sdpa.default) or not all(_is(a, _aten.cat.default) for a in node.args[1:3]):
+        return None
+    q = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    if not isinstance(q, torch.Tensor) or q.dim() != 4 or not isinstance(q.shape[2], int):
+        return None
+    return "scaled_dot_product_attention over cat" if q.shape[2] <= kv_attention.MAX_QUERIES else None
+
+
 CANDIDATES: dict = {
     "adaln": _adaln_anchor,
     "rope": _rope_anchor,
@@ -366,6 +379,7 @@ CANDIDATES: dict = {
     "adaln_noshift": _adaln_noshift_anchor,
     "gelu": _gelu_anchor,
     "mul_add": _mul_add_anchor,
+    "kv_attention": _kv_attention_anchor,
 }
 
 def _candidates(graph: torch.fx.Graph, families) -> list:

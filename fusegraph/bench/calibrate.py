@@ -21,14 +21,13 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 def main(argv=None) -> int:
     from fusegraph.fusion import choice
-    from fusegraph.fusion import PATTERN_NAMES
 
     p = argparse.ArgumentParser(prog="python -m fusegraph bench calibrate", description=__doc__.split("\n\n")[1])
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for the measurement (the table is "
                    "kept per thread count; compiles use the nearest measured one)")
     p.add_argument("--dtypes", default="fp32,bf16,fp16")
-    p.add_argument("--families", default=",".join(PATTERN_NAMES))
+    p.add_argument("--families", default=",".join(choice.CALIBRATED))
     p.add_argument("--sizes", default="10,13,16,19,22", help="log2 of the elements per site, comma-separated")
     p.add_argument("--out", default=None, help="the calibration file to write (default: the cache directory's)")
     args = p.parse_args(argv)
@@ -43,9 +42,9 @@ def main(argv=None) -> int:
     except KeyError as e:
         p.error(f"--dtypes: unknown dtype {e.args[0]!r}; expected a comma-separated subset of {list(DTYPES)}")
     families = tuple(args.families.split(","))
-    unknown = [f for f in families if f not in PATTERN_NAMES]
+    unknown = [f for f in families if f not in choice.CALIBRATED]
     if unknown:
-        p.error(f"--families: unknown {unknown}; expected a comma-separated subset of {list(PATTERN_NAMES)}")
+        p.error(f"--families: unknown {unknown}; expected a comma-separated subset of {list(choice.CALIBRATED)}")
     torch.set_num_threads(args.threads)
     print(f"fusegraph bench calibrate: {machine_summary(args.device)}")
     result = choice.calibrate(args.device, dtypes, args.threads, sizes=sizes, families=families,

@@ -6,9 +6,10 @@ float64 with plain torch ops, not the fused kernel. Every op is differentiable i
 (a C++ Autograd kernel, formulas in plain torch ops: fusegraph/ops/_autograd.py). Each wrapper's docstring states the exact math.
 """
 from .adaln import adaln
+from .attention import kv_attention
 from .gelu import fast_gelu, gelu_tanh
 from .mul_add import mul_add
 from .rms_norm import rms_norm
 from .rope import rope
 
-__all__ = ["rms_norm", "rope", "adaln", "gelu_tanh", "fast_gelu", "mul_add"]
+__all__ = ["rms_norm", "rope", "adaln", "gelu_tanh", "fast_gelu", "mul_add", "kv_attention"]
