@@ -173,6 +173,9 @@ class FusionPatterns(_ConfigBase):
     enable_kv_attention = _Field(True, _bool, "Fuse a decode step's attention over a KV cache (SDPA of at most 8 "
                                               "queries per head over cat([k_cache, k_new]), CPU) into "
                                               "fusegraph.kv_attention.")
+    enable_gemv = _Field(True, _bool, "Run linear layers of at most 8 rows with a large weight (a decode step's "
+                                      "projections, CPU) as fusegraph.gemv, one bandwidth-bound pass over the "
+                                      "weight.")
     gelu_approximation = _Field("tanh", _choice("tanh", "sigmoid"),
                                 "'tanh': tanh-GELU becomes fusegraph.gelu_tanh (exact); 'sigmoid': "
                                 "fusegraph.fast_gelu x*sigmoid(1.702x), the NPU fast-gelu (up to 0.02 "

@@ -371,6 +371,17 @@ def _kv_attention_anchor(node) -> Optional[str]:
     return "scaled_dot_product_attention over cat" if q.shape[2] <= kv_attention.MAX_QUERIES else None
 
 
+def _gemv_anchor(node) -> Optional[str]:
+    """A linear layer of a few rows with a large weight (mm/addmm), as the gemv family defines its sites."""
+    from .fusion.patterns import gemv
+
+    if _is(node, _aten.mm.default) and gemv.site_ok(node.args[0], node.args[1]):
+        return "mm of a few rows"
+    if _is(node, _aten.addmm.default) and gemv.site_ok(node.args[1], node.args[2], node.args[0]):
+        return "addmm of a few rows"
+    return None
+
+
 CANDIDATES: dict = {
     "adaln": _adaln_anchor,
     "rope": _rope_anchor,
@@ -380,6 +391,7 @@ CANDIDATES: dict = {
     "gelu": _gelu_anchor,
     "mul_add": _mul_add_anchor,
     "kv_attention": _kv_attention_anchor,
+    "gemv": _gemv_anchor,
 }
 
 def _candidates(graph: torch.fx.Graph, families) -> list:

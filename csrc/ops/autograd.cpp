@@ -46,7 +46,8 @@ void set_autograd_hook(AutogradHook hook) { hook_slot() = std::move(hook); }
 
 TORCH_LIBRARY_IMPL(fusegraph, Autograd, m) {
   for (const char* name :
-       {"rms_norm", "rope", "adaln", "gelu_tanh", "fast_gelu", "mul_add", "mul_add.Scalar", "kv_attention"}) {
+       {"rms_norm", "rope", "adaln", "gelu_tanh", "fast_gelu", "mul_add", "mul_add.Scalar", "kv_attention",
+        "gemv"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&autograd_kernel>());
   }
 }

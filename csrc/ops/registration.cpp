@@ -27,4 +27,6 @@ TORCH_LIBRARY(fusegraph, m) {
   m.def(
       "kv_attention(Tensor q, Tensor k_cache, Tensor k_new, Tensor v_cache, Tensor v_new, *, float? scale=None) "
       "-> Tensor");
+  m.set_python_module("fusegraph.ops.gemv");
+  m.def("gemv(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor");
 }

@@ -8,8 +8,9 @@ float64 with plain torch ops, not the fused kernel. Every op is differentiable i
 from .adaln import adaln
 from .attention import kv_attention
 from .gelu import fast_gelu, gelu_tanh
+from .gemv import gemv
 from .mul_add import mul_add
 from .rms_norm import rms_norm
 from .rope import rope
 
-__all__ = ["rms_norm", "rope", "adaln", "gelu_tanh", "fast_gelu", "mul_add", "kv_attention"]
+__all__ = ["rms_norm", "rope", "adaln", "gelu_tanh", "fast_gelu", "mul_add", "kv_attention", "gemv"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import ModuleType
 
-from . import adaln, adaln_noshift, adaln_rms, gelu, kv_attention, mul_add, rms_norm, rope
+from . import adaln, adaln_noshift, adaln_rms, gelu, gemv, kv_attention, mul_add, rms_norm, rope
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,7 @@ FAMILIES: tuple = (
     Family("gelu", "enable_fast_gelu", gelu, options=("gelu_approximation",), listed=3),
     Family("mul_add", "enable_mul_add", mul_add, listed=4),
     Family("kv_attention", "enable_kv_attention", kv_attention, listed=7),
+    Family("gemv", "enable_gemv", gemv, listed=8),
 )
 
 FAMILY_NAMES: tuple = tuple(f.name for f in FAMILIES)  # pass order

@@ -1,0 +1,100 @@
+// CPU kernel of fusegraph::gemv: x [M, K] times the rows of weight [N, K]. Memory-bound for a few rows of x:
+// each weight row is read once from memory, four at a time (four streams), against x's rows held as float32 in
+// a scratch buffer, two x rows per pass over the four weight rows (those stay in L1 between passes). Each output
+// is a float32 sum, bias added, one rounding. Parallel over blocks of weight rows.
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "ops/cpu/dtype_dispatch.h"
+#include "ops/cpu/vec_io.h"
+#include "ops/gemv.h"
+
+namespace fusegraph::cpu {
+inline namespace CPU_CAPABILITY {
+namespace {
+
+constexpr int64_t kRowsW = 4;  // weight rows per block
+constexpr int64_t kRowsX = 2;  // x rows per pass
+
+// out[m, n0 + j] for m in [m0, m0 + MX), j in [0, NW): MX x NW float32 dot products over K.
+template <typename T, int MX, int NW>
+inline void block(const float* xf, int64_t k_pad, int64_t m0, const T* w, int64_t ldw, int64_t K, int64_t n0,
+                  const T* bias, T* out, int64_t ldo) {
+  using IO = VecIO<T>;
+  fVec acc[MX][NW][2];
+  for (int r = 0; r < MX; ++r)
+    for (int j = 0; j < NW; ++j) acc[r][j][0] = acc[r][j][1] = fVec(0.0f);
+  const int64_t k_full = K / IO::kBlock * IO::kBlock;
+  for (int64_t k = 0; k < k_full; k += IO::kBlock) {
+    fVec wa[NW], wb[NW];
+    for (int j = 0; j < NW; ++j) IO::load(w + (n0 + j) * ldw + k, wa[j], wb[j]);
+    for (int r = 0; r < MX; ++r) {
+      const float* xr = xf + (m0 + r) * k_pad + k;
+      const fVec xa = fVec::loadu(xr), xb = fVec::loadu(xr + fVec::size());
+      for (int j = 0; j < NW; ++j) {
+        acc[r][j][0] = at::vec::fmadd(wa[j], xa, acc[r][j][0]);
+        acc[r][j][1] = at::vec::fmadd(wb[j], xb, acc[r][j][1]);
+      }
+    }
+  }
+  for (int r = 0; r < MX; ++r) {
+    for (int j = 0; j < NW; ++j) {
+      float lanes[fVec::size()];  // (sum_lanes' shuffles here trip GCC's -Wuninitialized on the arrays)
+      (acc[r][j][0] + acc[r][j][1]).store(lanes);
+      float s = 0.0f;
+      for (float v : lanes) s += v;
+      const T* wr = w + (n0 + j) * ldw;
+      for (int64_t k = k_full; k < K; ++k) s += xf[(m0 + r) * k_pad + k] * static_cast<float>(wr[k]);
+      if (bias != nullptr) s += static_cast<float>(bias[n0 + j]);
+      out[(m0 + r) * ldo + n0 + j] = static_cast<T>(s);
+    }
+  }
+}
+
+template <typename T, int NW>
+inline void rows(const float* xf, int64_t k_pad, int64_t M, const T* w, int64_t ldw, int64_t K, int64_t n0,
+                 const T* bias, T* out, int64_t ldo) {
+  int64_t m = 0;
+  for (; m + kRowsX <= M; m += kRowsX) block<T, kRowsX, NW>(xf, k_pad, m, w, ldw, K, n0, bias, out, ldo);
+  for (; m < M; ++m) block<T, 1, NW>(xf, k_pad, m, w, ldw, K, n0, bias, out, ldo);
+}
+
+template <typename T>
+void run(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, at::Tensor& out) {
+  using IO = VecIO<T>;
+  const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
+  const int64_t k_pad = at::divup(K, IO::kBlock) * IO::kBlock;
+  std::vector<float> xf(M * k_pad, 0.0f);  // x in float32, each row zero-padded to whole blocks
+  const T* xp = x.const_data_ptr<T>();
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) xf[m * k_pad + k] = static_cast<float>(xp[m * x.stride(0) + k]);
+  const T* w = weight.const_data_ptr<T>();
+  const T* b = bias.defined() ? bias.const_data_ptr<T>() : nullptr;
+  T* o = out.mutable_data_ptr<T>();
+  const int64_t blocks = at::divup(N, kRowsW);
+  // about 64 Ki weight elements per task
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, kRowsW * K));
+  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      const int64_t n0 = blk * kRowsW;
+      if (n0 + kRowsW <= N) {
+        rows<T, kRowsW>(xf.data(), k_pad, M, w, weight.stride(0), K, n0, b, o, N);
+      } else {
+        for (int64_t n = n0; n < N; ++n) rows<T, 1>(xf.data(), k_pad, M, w, weight.stride(0), K, n, b, o, N);
+      }
+    }
+  });
+}
+
+void gemv_kernel(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, at::Tensor& out) {
+  FG_DISPATCH_FLOAT_TYPES(x.scalar_type(), "fusegraph_gemv", [&] { run<scalar_t>(x, weight, bias, out); });
+}
+
+}  // namespace
+
+FG_REGISTER_CPU_KERNEL(::fusegraph::gemv_stub, &gemv_kernel);
+
+}  // namespace CPU_CAPABILITY
+}  // namespace fusegraph::cpu

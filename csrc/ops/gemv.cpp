@@ -1,0 +1,70 @@
+#include "ops/gemv.h"
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <optional>
+
+#include "ops/checks.h"
+#include "ops/output.h"
+
+namespace fusegraph {
+
+FG_DEFINE_CPU_STUB(gemv_stub, gemv_fn);
+
+namespace {
+constexpr const char* kOp = "gemv";
+}
+
+void check_gemv_args(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  check_float_tensor(x, kOp, "x");
+  check_float_tensor(weight, kOp, "weight");
+  TORCH_CHECK_VALUE(x.dim() == 2, "fusegraph.", kOp, ": argument 'x' has shape ", x.sizes(),
+                    "; expected 2 dims [rows, in_features]");
+  TORCH_CHECK_VALUE(weight.dim() == 2 && weight.size(1) == x.size(1), "fusegraph.", kOp,
+                    ": argument 'weight' has shape ", weight.sizes(), "; expected [out_features, ", x.size(1),
+                    "] (x's in_features)");
+  check_same_device(x, "x", weight, kOp, "weight");
+  TORCH_CHECK_VALUE(weight.scalar_type() == x.scalar_type(), "fusegraph.", kOp, ": argument 'weight' has dtype ",
+                    weight.scalar_type(), "; expected x's dtype ", x.scalar_type());
+  if (bias.has_value() && bias->defined()) {
+    check_float_tensor(*bias, kOp, "bias");
+    check_same_device(x, "x", *bias, kOp, "bias");
+    TORCH_CHECK_VALUE(bias->scalar_type() == x.scalar_type(), "fusegraph.", kOp, ": argument 'bias' has dtype ",
+                      bias->scalar_type(), "; expected x's dtype ", x.scalar_type());
+    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == weight.size(0), "fusegraph.", kOp,
+                      ": argument 'bias' has shape ", bias->sizes(), "; expected [", weight.size(0),
+                      "] (weight's out_features)");
+  }
+}
+
+at::Tensor gemv_reference(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  check_gemv_args(x, weight, bias);
+  at::Tensor out = new_output({x.size(0), weight.size(0)}, x.options());
+  if (out.numel() == 0) return out;
+  return out.copy_(at::linear(x, weight, bias));
+}
+
+namespace {
+
+at::Tensor gemv_cpu(const at::Tensor& x_in, const at::Tensor& w_in, const std::optional<at::Tensor>& bias_in) {
+  check_gemv_args(x_in, w_in, bias_in);
+  const at::Tensor bias = bias_in.has_value() ? *bias_in : at::Tensor();
+  if (uses_float64({&x_in})) return gemv_reference(x_in, w_in, bias_in);
+  at::Tensor out = new_output({x_in.size(0), w_in.size(0)}, x_in.options());
+  if (out.numel() == 0) return out;
+  if (x_in.size(1) == 0) return bias.defined() ? out.copy_(bias.expand_as(out)) : out.zero_();
+  const at::Tensor x = x_in.stride(1) == 1 ? x_in : x_in.contiguous();
+  const at::Tensor w = w_in.stride(1) == 1 ? w_in : w_in.contiguous();
+  gemv_stub.get(kOp)(x, w, bias.defined() ? bias.contiguous() : bias, out);
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fusegraph, CPU, m) { m.impl("gemv", &gemv_cpu); }
+
+// Every other device (CUDA, NPU): at::linear; the fusion pass only fuses CPU sites.
+TORCH_LIBRARY_IMPL(fusegraph, CompositeExplicitAutograd, m) { m.impl("gemv", &gemv_reference); }
+
+}  // namespace fusegraph

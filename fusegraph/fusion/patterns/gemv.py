@@ -1,0 +1,94 @@
+"""Linear layers on a few rows (a decode step's projections): ``mm(x, W)`` / ``addmm(b, x, W)`` with ``W`` the
+transpose of a row-major ``[N, K]`` weight and ``x`` of at most 8 rows -> ``fusegraph.gemv``.
+
+With one to a few rows a linear layer reads its whole weight to do 2 flops per element read: it is bound by memory
+bandwidth. ``fusegraph.gemv`` streams four weight rows at a time against every row of ``x`` (measured on this
+project's CPU: a 1 x 512 by 512 x 1536 fp32 projection 40 -> 33 us, bf16 54 -> 16 us; BENCHMARKS.md). Only CPU
+sites with a weight of at least ``MIN_WEIGHT`` elements are fused: below that the call itself is the cost, which
+MKL's own gemv pays the same. ``W`` is what a ``Linear``'s ``t(weight)`` decomposes to: ``permute(weight, [1, 0])``
+or, after freezing, the folded constant with the same strides.
+"""
+import torch
+from torch._inductor.pattern_matcher import CallFunction, KeywordArg, register_graph_pattern
+
+aten = torch.ops.aten
+
+MAX_ROWS = 8
+MIN_WEIGHT = 1 << 17  # elements (512 KiB of float32)
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _val(node):
+    return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+
+
+def _plain(n) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool)
+
+
+def site_ok(x, w, bias=None) -> bool:
+    """x [M <= MAX_ROWS, K], w [K, N] with strides (1, K) (a row-major [N, K] weight, transposed), N * K >=
+    MIN_WEIGHT, optional bias [N]; CPU, one float dtype; static sizes."""
+    xv, wv = _val(x), _val(w)
+    if not isinstance(xv, torch.Tensor) or not isinstance(wv, torch.Tensor) or xv.dim() != 2 or wv.dim() != 2:
+        return False
+    if xv.device.type != "cpu" or xv.dtype not in _DTYPES or wv.dtype != xv.dtype:
+        return False
+    sizes = (*xv.shape, *wv.shape, *wv.stride())
+    if not all(_plain(s) for s in sizes):  # symbolic: not judged (no guard added)
+        return False
+    (m, k), (k2, n) = xv.shape, wv.shape
+    if m > MAX_ROWS or k != k2 or n * k < MIN_WEIGHT or tuple(wv.stride()) != (1, k):
+        return False
+    if bias is not None:
+        bv = _val(bias)
+        if not isinstance(bv, torch.Tensor) or bv.dtype != xv.dtype or tuple(bv.shape) != (n,):
+            return False
+    return True
+
+
+def _check_mm(match) -> bool:
+    node = match.output_node()
+    return site_ok(node.args[0], node.args[1])
+
+
+def _check_addmm(match) -> bool:
+    node = match.output_node()
+    if node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
+        return False
+    return site_ok(node.args[1], node.args[2], node.args[0])
+
+
+def _replace(node, x, w, bias):
+    graph = node.graph
+    with graph.inserting_before(node):
+        weight = graph.call_function(aten.permute.default, (w, [1, 0]))
+        new = graph.call_function(torch.ops.fusegraph.gemv.default, (x, weight) + ((bias,) if bias is not None else ()))
+    wv = _val(w)
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if isinstance(wv, FakeTensor):
+        with wv.fake_mode:
+            weight.meta["val"] = wv.permute(1, 0)
+            args = [_val(x), weight.meta["val"]] + ([_val(bias)] if bias is not None else [])
+            new.meta["val"] = torch.ops.fusegraph.gemv.default(*args)
+    else:
+        weight.meta["val"] = wv.permute(1, 0)
+        new.meta["val"] = _val(node).new_empty(_val(node).shape)
+    for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
+        if key in node.meta:
+            new.meta[key] = weight.meta[key] = node.meta[key]
+    node.replace_all_uses_with(new)
+    graph.erase_node(node)
+
+
+def register(pm, opts) -> None:
+    @register_graph_pattern(CallFunction(aten.mm.default, KeywordArg("x"), KeywordArg("w")), extra_check=_check_mm,
+                            pass_dict=pm)
+    def _mm(match, x, w):
+        _replace(match.output_node(), x, w, None)
+
+    @register_graph_pattern(CallFunction(aten.addmm.default, KeywordArg("b"), KeywordArg("x"), KeywordArg("w")),
+                            extra_check=_check_addmm, pass_dict=pm)
+    def _addmm(match, b, x, w):
+        _replace(match.output_node(), x, w, b)

@@ -1,0 +1,82 @@
+"""gemv family: linear layers of a few rows with a large weight become fusegraph.gemv (decode projections) on
+every route; more rows, small weights and the switch leave them alone."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fusegraph import Backend, CompilationConfig
+from fusegraph.bench.decode import DecodeBlock, make_inputs
+from fusegraph.graph import GraphRunner
+from fusegraph.graph.host import trace_fused
+
+ROUTES = {"default": {}, "aten": dict(inductor=False), "graph_with_compile": dict(graph_with_compile=True)}
+
+
+class Proj(torch.nn.Module):
+    def __init__(self, k=512, n=384, bias=True, dtype=torch.float32):
+        super().__init__()
+        self.lin = torch.nn.Linear(k, n, bias=bias, dtype=dtype)
+
+    def forward(self, x):
+        return F.silu(self.lin(x))
+
+
+def _counts(module, inputs, **opts):
+    _, counts, _ = trace_fused(lambda *t: [module(*t)], list(inputs), CompilationConfig(**opts).fusion_patterns)
+    return counts
+
+
+@pytest.mark.parametrize("rows, k, n, bias, fused", [(1, 512, 384, True, 1), (1, 512, 384, False, 1),
+                                                     (8, 512, 256, True, 1), (9, 512, 384, True, 0),
+                                                     (1, 256, 256, True, 0), (2, 1024, 128, False, 1)])
+def test_what_is_a_site(rows, k, n, bias, fused):
+    torch.manual_seed(4)
+    module = Proj(k, n, bias).eval()
+    x = torch.randn(rows, k)
+    assert _counts(module, [x])["gemv"] == fused
+    with torch.no_grad():
+        torch.testing.assert_close(GraphRunner(module)(x), module(x), rtol=1e-5, atol=1e-5)
+
+
+def test_three_dim_input_and_bf16():
+    torch.manual_seed(5)
+    module = Proj(dtype=torch.bfloat16).eval()
+    x = torch.randn(2, 1, 512, dtype=torch.bfloat16)
+    assert _counts(module, [x])["gemv"] == 1
+    with torch.no_grad():
+        ref64 = F.silu(F.linear(x.double(), module.lin.weight.double(), module.lin.bias.double()))
+        out, eager = GraphRunner(module)(x), module(x)
+    err, err_eager = (out.double() - ref64).abs().max(), (eager.double() - ref64).abs().max()
+    assert err <= 1.5 * err_eager + 1e-3, (err, err_eager)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_backend_routes(route):
+    torch.manual_seed(6)
+    module = Proj().eval()
+    x = torch.randn(1, 512)
+    torch._dynamo.reset()
+    backend = Backend(CompilationConfig(**ROUTES[route]))
+    fn = torch.compile(module, backend=backend)
+    with torch.no_grad():
+        torch.testing.assert_close(fn(x), module(x), rtol=1e-5, atol=1e-5)
+    assert backend.stats.patterns["gemv"] == 1, backend.stats.patterns  # frozen or not, the weight is found
+    assert backend.last_graph_ops["fusegraph.gemv.default"] == 1
+
+
+def test_decode_block():
+    block = DecodeBlock(hidden=512, heads=8, cache_len=16, batch=1, dtype=torch.float32).eval()
+    inputs = make_inputs(block, 1, position=16, dtype=torch.float32)
+    assert _counts(block, inputs)["gemv"] == 2  # the QKV projection and the output projection
+    with torch.no_grad():
+        torch.testing.assert_close(GraphRunner(block)(*inputs), block(*inputs), rtol=1e-5, atol=1e-5)
+
+
+def test_switch_off_and_explain():
+    from fusegraph import explain
+
+    module, x = Proj().eval(), torch.randn(1, 512)
+    assert _counts(module, [x], fusion_patterns={"enable_gemv": False})["gemv"] == 0
+    torch._dynamo.reset()
+    report = explain(module, x, config=CompilationConfig(fusion_patterns={"enable_gemv": False}))
+    assert report.counts()["gemv"]["unfused"] == 1

@@ -1,0 +1,95 @@
+"""fusegraph.gemv: F.linear on a few rows, one pass over the weight, against a float64 reference."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fusegraph
+from tests.helpers import DTYPES, assert_close_to_reference, randn, run_under_cpu_capabilities
+
+op = fusegraph.ops.gemv
+
+# (M, N, K, bias)
+SHAPES = [(1, 1536, 512, False), (1, 512, 512, True), (3, 37, 65, True), (8, 5, 1, True), (2, 9, 33, False),
+          (1, 1, 1, True), (5, 130, 200, True), (7, 4, 32, False)]
+
+
+def reference(x, w, b=None):
+    return F.linear(x.double(), w.double(), None if b is None else b.double())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_matches_float64_reference(dtype, shape):
+    M, N, K, has_bias = shape
+    x, w = randn(M, K, dtype=dtype), randn(N, K, dtype=dtype, scale=K ** -0.5)
+    b = randn(N, dtype=dtype) if has_bias else None
+    out = op(x, w, b)
+    assert out.shape == (M, N) and out.is_contiguous() and out.dtype == dtype
+    assert_close_to_reference(out, reference(x, w, b))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_strided_arguments(dtype):
+    """x a row slice of a wider buffer, a weight with padded rows (row stride > K), a strided bias; a weight whose
+    last dim is not contiguous is copied by the op."""
+    x = randn(3, 80, dtype=dtype)[:, :70]
+    w = randn(45, 96, dtype=dtype)[:, :70]
+    b = randn(90, dtype=dtype)[::2]
+    assert_close_to_reference(op(x, w, b), reference(x, w, b))
+    wt = randn(70, 45, dtype=dtype).t()
+    assert_close_to_reference(op(x, wt), reference(x, wt))
+
+
+def test_empty_and_zero_width():
+    x, w, b = torch.randn(2, 0), torch.randn(3, 0), torch.randn(3)
+    torch.testing.assert_close(op(x, w, b), b.expand(2, 3))
+    torch.testing.assert_close(op(x, w), torch.zeros(2, 3))
+    assert op(torch.randn(0, 4), torch.randn(3, 4)).shape == (0, 3)
+
+
+def test_float64_and_gradient():
+    x, w, b = (torch.randn(*s, dtype=torch.float64, requires_grad=True) for s in ((2, 5), (3, 5), (3,)))
+    torch.testing.assert_close(op(x, w, b), F.linear(x, w, b))
+    assert torch.autograd.gradcheck(lambda *a: op(*a), (x, w, b))
+    assert torch.autograd.gradcheck(lambda *a: op(*a), (x, w))
+
+
+BAD = [
+    (lambda x, w, b: (x[0], w, b), "argument 'x' has shape \\[5\\]; expected 2 dims"),
+    (lambda x, w, b: (x, w[:, :4], b), "argument 'weight' has shape \\[3, 4\\]; expected \\[out_features, 5\\]"),
+    (lambda x, w, b: (x, w.half(), b), "argument 'weight' has dtype .*; expected x's dtype"),
+    (lambda x, w, b: (x, w, b[:2]), "argument 'bias' has shape \\[2\\]; expected \\[3\\]"),
+    (lambda x, w, b: (x, w, b.double()), "argument 'bias' has dtype .*; expected x's dtype"),
+    (lambda x, w, b: (x.int(), w, b), "argument 'x' has dtype .*; expected float32"),
+]
+
+
+@pytest.mark.parametrize("fake", [False, True], ids=["cpu", "fake"])
+@pytest.mark.parametrize("case", range(len(BAD)))
+def test_bad_arguments_name_the_argument(case, fake):
+    make_args, message = BAD[case]
+    args = make_args(torch.randn(2, 5), torch.randn(3, 5), torch.randn(3))
+    if fake:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        with FakeTensorMode() as mode:
+            args = tuple(mode.from_tensor(t) for t in args)
+            with pytest.raises((RuntimeError, ValueError), match=message):
+                op(*args)
+    else:
+        with pytest.raises((RuntimeError, ValueError), match=message):
+            op(*args)
+
+
+def test_every_cpu_capability():
+    run_under_cpu_capabilities("""
+import torch, torch.nn.functional as F, fusegraph
+torch.manual_seed(0)
+for dt in (torch.float32, torch.bfloat16, torch.float16):
+    for m, n, k in ((1, 67, 70), (3, 8, 64), (2, 5, 3)):
+        x, w, b = torch.randn(m, k, dtype=dt), torch.randn(n, k, dtype=dt) * k ** -0.5, torch.randn(n, dtype=dt)
+        ref = F.linear(x.double(), w.double(), b.double())
+        torch.testing.assert_close(fusegraph.ops.gemv(x, w, b), ref.to(dt),
+                                   **({"rtol": 1e-5, "atol": 1e-5} if dt == torch.float32 else {}))
+print(fusegraph._C.cpu_capability())
+""")
