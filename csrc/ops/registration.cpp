@@ -23,7 +23,7 @@ TORCH_LIBRARY(fusegraph, m) {
   m.set_python_module("fusegraph.ops.mul_add");
   m.def("mul_add(Tensor a, Tensor b, Tensor c, *, ScalarType? out_dtype=None) -> Tensor");
   m.def("mul_add.Scalar(Tensor a, Scalar b, Tensor c, *, ScalarType? out_dtype=None) -> Tensor");
-  m.set_python_module("fusegraph.ops.attention");
+  m.set_python_module("fusegraph.ops.kv_attention");
   m.def(
       "kv_attention(Tensor q, Tensor k_cache, Tensor k_new, Tensor v_cache, Tensor v_new, *, float? scale=None) "
       "-> Tensor");

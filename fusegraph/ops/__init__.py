@@ -6,7 +6,7 @@ float64 with plain torch ops, not the fused kernel. Every op is differentiable i
 (a C++ Autograd kernel, formulas in plain torch ops: fusegraph/ops/_autograd.py). Each wrapper's docstring states the exact math.
 """
 from .adaln import adaln
-from .attention import kv_attention
+from .kv_attention import kv_attention
 from .gelu import fast_gelu, gelu_tanh
 from .gemv import gemv
 from .mul_add import mul_add

@@ -29,7 +29,7 @@ def kv_attention(q, k_cache, k_new, v_cache, v_new, *, scale=None) -> torch.Tens
 
 
 def check_args(q, k_cache, k_new, v_cache, v_new, scale) -> None:
-    """The C++ checks (csrc/ops/attention.cpp), for the fake kernel."""
+    """The C++ checks (csrc/ops/kv_attention.cpp), for the fake kernel."""
     tensors = dict(zip(_ARGS, (q, k_cache, k_new, v_cache, v_new)))
     for name, t in tensors.items():
         check_float_tensor(t, "kv_attention", name)

@@ -8,7 +8,7 @@
 #include <limits>
 #include <vector>
 
-#include "ops/attention.h"
+#include "ops/kv_attention.h"
 #include "ops/cpu/dtype_dispatch.h"
 #include "ops/cpu/vec_io.h"
 

@@ -1,4 +1,4 @@
-#include "ops/attention.h"
+#include "ops/kv_attention.h"
 
 #include <ATen/ATen.h>
 #include <torch/library.h>
