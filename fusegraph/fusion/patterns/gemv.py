@@ -59,27 +59,37 @@ def _check_addmm(match) -> bool:
     return site_ok(node.args[1], node.args[2], node.args[0])
 
 
+def _is_transpose(node) -> bool:
+    return (isinstance(node, torch.fx.Node) and node.target is aten.permute.default
+            and list(node.args[1]) in ([1, 0], [-1, -2], [1, -2], [-1, 0]))
+
+
 def _replace(node, x, w, bias):
     graph = node.graph
     with graph.inserting_before(node):
-        weight = graph.call_function(aten.permute.default, (w, [1, 0]))
+        if _is_transpose(w) and isinstance(_val(w.args[0]), torch.Tensor):
+            weight = w.args[0]  # Linear's t(weight): the weight itself (the permute goes with the mm)
+        else:  # freezing's folded constant: a view back to [N, K]
+            weight = graph.call_function(aten.permute.default, (w, [1, 0]))
+            weight.meta["val"] = _val(w).permute(1, 0)
+            weight.meta.update({k: node.meta[k] for k in ("stack_trace",) if k in node.meta})
         new = graph.call_function(torch.ops.fusegraph.gemv.default, (x, weight) + ((bias,) if bias is not None else ()))
-    wv = _val(w)
     from torch._subclasses.fake_tensor import FakeTensor
 
+    wv = _val(weight)
     if isinstance(wv, FakeTensor):
         with wv.fake_mode:
-            weight.meta["val"] = wv.permute(1, 0)
-            args = [_val(x), weight.meta["val"]] + ([_val(bias)] if bias is not None else [])
+            args = [_val(x), wv] + ([_val(bias)] if bias is not None else [])
             new.meta["val"] = torch.ops.fusegraph.gemv.default(*args)
     else:
-        weight.meta["val"] = wv.permute(1, 0)
         new.meta["val"] = _val(node).new_empty(_val(node).shape)
     for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
         if key in node.meta:
-            new.meta[key] = weight.meta[key] = node.meta[key]
+            new.meta[key] = node.meta[key]
     node.replace_all_uses_with(new)
     graph.erase_node(node)
+    if _is_transpose(w) and not w.users:
+        graph.erase_node(w)
 
 
 def register(pm, opts) -> None:
