@@ -106,6 +106,16 @@ def mul_add_eager(residual, y, emb):
     return residual + gate * y
 
 
+def kv_attention_eager(q, k_cache, k_new, v_cache, v_new):
+    # a decode step over a KV cache (transformers' DynamicCache concatenates the step's keys and values)
+    return F.scaled_dot_product_attention(q, torch.cat([k_cache, k_new], -2), torch.cat([v_cache, v_new], -2))
+
+
+def gemv_eager(x, weight, bias):
+    # a decode step's projection: nn.Linear on one token
+    return F.linear(x, weight, bias)
+
+
 # --- the fused calls (same inputs, same views) -------------------------------------------------------
 
 def rms_norm_torch_fused(x, weight):
@@ -191,6 +201,18 @@ def gelu_inputs(shape, dtype, device):
     return (_randn(shape, dtype, device, 2.0),)
 
 
+def kv_attention_inputs(shape, dtype, device):
+    B, H, L, D = shape  # one new token over a cache of L
+    return (_randn((B, H, 1, D), dtype, device), _randn((B, H, L, D), dtype, device),
+            _randn((B, H, 1, D), dtype, device), _randn((B, H, L, D), dtype, device),
+            _randn((B, H, 1, D), dtype, device))
+
+
+def gemv_inputs(shape, dtype, device):
+    M, N, K = shape
+    return (_randn((M, K), dtype, device), _randn((N, K), dtype, device, K ** -0.5), _randn((N,), dtype, device))
+
+
 def mul_add_inputs(shape, dtype, device):
     return (_randn(shape, dtype, device), _randn(shape, dtype, device),
             _randn((shape[0], 3 * shape[-1]), dtype, device, 0.5))
@@ -223,12 +245,16 @@ CASES = [
     Case("gelu_tanh", "gelu_tanh", (1, 4096, 12288), (2, 64, 1024), gelu_inputs,
          gelu_tanh_eager, gelu_tanh_fused),
     Case("mul_add", "mul_add", (1, 4096, 3072), (2, 64, 256), mul_add_inputs, mul_add_eager, mul_add_fused),
+    # decode-step ops at an LLM decode step's scale: 32 heads of 128 over a 2048-token cache; a 4096 x 4096 linear
+    Case("kv_attention", "kv_attention", (1, 32, 2048, 128), (1, 4, 64, 32), kv_attention_inputs,
+         kv_attention_eager, fops.kv_attention),
+    Case("gemv", "gemv", (1, 4096, 4096), (1, 256, 512), gemv_inputs, gemv_eager, fops.gemv),
 ]
 OPS = sorted({c.op for c in CASES}, key=[c.op for c in CASES].index)
 # --zoo: the size of the zoo's tiny models (fusegraph.zoo: batch 2, a few dozen tokens, hidden 32, heads of 16),
 # where per-call costs, not bandwidth, decide
 ZOO_SHAPES = {"rms_norm": (2, 32, 32), "rope": (2, 32, 2, 16), "adaln": (2, 32, 32), "gelu_tanh": (2, 32, 128),
-              "mul_add": (2, 32, 32)}
+              "mul_add": (2, 32, 32), "kv_attention": (2, 2, 32, 16), "gemv": (2, 128, 32)}
 assert set(ZOO_SHAPES) == set(OPS)
 
 
