@@ -82,9 +82,11 @@ def test_fusion_patterns_class_default_and_overrides():
 
 def test_enabled_families_in_pass_order():
     fp = FusionPatterns(enable_rope=False)
-    assert fp.enabled_families() == ("adaln", "rms_norm", "adaln_rms", "adaln_noshift", "gelu", "mul_add")
+    assert fp.enabled_families() == ("adaln", "rms_norm", "adaln_rms", "adaln_noshift", "gelu", "mul_add",
+                                     "kv_attention", "gemv")
     # enable_adalayernorm switches the three modulation families together
-    assert FusionPatterns(enable_adalayernorm=False).enabled_families() == ("rope", "rms_norm", "gelu", "mul_add")
+    assert FusionPatterns(enable_adalayernorm=False).enabled_families() == ("rope", "rms_norm", "gelu", "mul_add",
+                                                                            "kv_attention", "gemv")
 
 
 @pytest.mark.parametrize("overrides,exc,words", [
