@@ -4,6 +4,7 @@
 #include <torch/library.h>
 
 #include <optional>
+#include <vector>
 
 #include "ops/checks.h"
 #include "ops/output.h"
@@ -19,10 +20,10 @@ constexpr const char* kOp = "gemv";
 void check_gemv_args(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   check_float_tensor(x, kOp, "x");
   check_float_tensor(weight, kOp, "weight");
-  TORCH_CHECK_VALUE(x.dim() == 2, "fusegraph.", kOp, ": argument 'x' has shape ", x.sizes(),
-                    "; expected 2 dims [rows, in_features]");
-  TORCH_CHECK_VALUE(weight.dim() == 2 && weight.size(1) == x.size(1), "fusegraph.", kOp,
-                    ": argument 'weight' has shape ", weight.sizes(), "; expected [out_features, ", x.size(1),
+  TORCH_CHECK_VALUE(x.dim() >= 1, "fusegraph.", kOp,
+                    ": argument 'x' is a 0-dim tensor; expected [..., in_features]");
+  TORCH_CHECK_VALUE(weight.dim() == 2 && weight.size(1) == x.size(-1), "fusegraph.", kOp,
+                    ": argument 'weight' has shape ", weight.sizes(), "; expected [out_features, ", x.size(-1),
                     "] (x's in_features)");
   check_same_device(x, "x", weight, kOp, "weight");
   TORCH_CHECK_VALUE(weight.scalar_type() == x.scalar_type(), "fusegraph.", kOp, ": argument 'weight' has dtype ",
@@ -38,9 +39,19 @@ void check_gemv_args(const at::Tensor& x, const at::Tensor& weight, const std::o
   }
 }
 
+namespace {
+
+std::vector<int64_t> out_sizes(const at::Tensor& x, const at::Tensor& weight) {
+  std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end());
+  sizes.back() = weight.size(0);
+  return sizes;
+}
+
+}  // namespace
+
 at::Tensor gemv_reference(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   check_gemv_args(x, weight, bias);
-  at::Tensor out = new_output({x.size(0), weight.size(0)}, x.options());
+  at::Tensor out = new_output(out_sizes(x, weight), x.options());
   if (out.numel() == 0) return out;
   return out.copy_(at::linear(x, weight, bias));
 }
@@ -51,12 +62,15 @@ at::Tensor gemv_cpu(const at::Tensor& x_in, const at::Tensor& w_in, const std::o
   check_gemv_args(x_in, w_in, bias_in);
   const at::Tensor bias = bias_in.has_value() ? *bias_in : at::Tensor();
   if (uses_float64({&x_in})) return gemv_reference(x_in, w_in, bias_in);
-  at::Tensor out = new_output({x_in.size(0), w_in.size(0)}, x_in.options());
+  at::Tensor out = new_output(out_sizes(x_in, w_in), x_in.options());
   if (out.numel() == 0) return out;
-  if (x_in.size(1) == 0) return bias.defined() ? out.copy_(bias.expand_as(out)) : out.zero_();
-  const at::Tensor x = x_in.stride(1) == 1 ? x_in : x_in.contiguous();
+  if (x_in.size(-1) == 0) return bias.defined() ? out.copy_(bias.expand_as(out)) : out.zero_();
+  // rows: x as [M, K] (a view where the leading dims allow one), its last dim contiguous
+  const at::Tensor rows = x_in.reshape({-1, x_in.size(-1)});
+  const at::Tensor x = rows.stride(1) == 1 ? rows : rows.contiguous();
   const at::Tensor w = w_in.stride(1) == 1 ? w_in : w_in.contiguous();
-  gemv_stub.get(kOp)(x, w, bias.defined() ? bias.contiguous() : bias, out);
+  at::Tensor out2d = out.view({-1, w_in.size(0)});
+  gemv_stub.get(kOp)(x, w, bias.defined() ? bias.contiguous() : bias, out2d);
   return out;
 }
 

@@ -9,11 +9,12 @@
 
 namespace fusegraph {
 
-// x [M, K] (last dim contiguous), weight [N, K] (rows contiguous), bias [N] or undefined, out [M, N] contiguous.
+// x [M, K] (last dim contiguous), weight [N, K] (rows contiguous), bias [N] or undefined, out [M, N] contiguous
+// (the op takes x [..., K] and gives [..., N]; the kernel sees the rows).
 using gemv_fn = void (*)(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, at::Tensor& out);
 FG_DECLARE_CPU_STUB(gemv_stub, gemv_fn);
 
-// Validates the arguments on any device.
+// Validates the arguments on any device: x [..., K], weight [N, K], bias [N] or none.
 void check_gemv_args(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
 
 // The same math with at:: ops (at::linear): the float64 path and every device without a kernel of its own.

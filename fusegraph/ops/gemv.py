@@ -7,12 +7,12 @@ from ._checks import check_float_tensor, check_same_device
 
 
 def gemv(x, weight, bias=None) -> torch.Tensor:
-    r"""``F.linear(x, weight, bias)`` for a 2-D ``x`` of a few rows (a decode step's projection):
+    r"""``F.linear(x, weight, bias)`` for an ``x`` of a few rows (a decode step's projection):
 
     .. math:: \mathrm{out}[m, n] = \sum_k x[m, k]\, w[n, k] + b[n]
 
-    ``x`` ``[M, K]``, ``weight`` ``[N, K]``, ``bias`` ``[N]`` or None, one dtype for all; sums in float32, bias
-    added before one rounding to the output (contiguous ``[M, N]``). On CPU one pass over the weight rows (four
+    ``x`` ``[..., K]`` (its rows: the leading dims), ``weight`` ``[N, K]``, ``bias`` ``[N]`` or None, one dtype for
+    all; sums in float32, bias added before one rounding to the output (contiguous ``[..., N]``). On CPU one pass over the weight rows (four
     at a time) for all of x's rows: bandwidth-bound, for the M <= 8 rows the fusion pass gives it; other devices
     run ``at::linear``. float64: ``at::linear`` in float64. Differentiable (``F.linear``'s gradient).
     """
@@ -23,12 +23,11 @@ def check_args(x, weight, bias) -> None:
     """The C++ checks (csrc/ops/gemv.cpp), for the fake kernel."""
     check_float_tensor(x, "gemv", "x")
     check_float_tensor(weight, "gemv", "weight")
-    if x.dim() != 2:
-        raise ValueError(f"fusegraph.gemv: argument 'x' has shape {list(x.shape)}; expected 2 dims "
-                         "[rows, in_features]")
-    if weight.dim() != 2 or weight.shape[1] != x.shape[1]:
+    if x.dim() < 1:
+        raise ValueError("fusegraph.gemv: argument 'x' is a 0-dim tensor; expected [..., in_features]")
+    if weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
         raise ValueError(f"fusegraph.gemv: argument 'weight' has shape {list(weight.shape)}; expected "
-                         f"[out_features, {x.shape[1]}] (x's in_features)")
+                         f"[out_features, {x.shape[-1]}] (x's in_features)")
     check_same_device(x, "x", weight, "gemv", "weight")
     if weight.dtype != x.dtype:
         raise ValueError(f"fusegraph.gemv: argument 'weight' has dtype {weight.dtype}; expected x's dtype {x.dtype}")
@@ -45,7 +44,7 @@ def check_args(x, weight, bias) -> None:
 @torch.library.register_fake("fusegraph::gemv")
 def _gemv_fake(x, weight, bias=None):
     check_args(x, weight, bias)
-    return x.new_empty((x.shape[0], weight.shape[0]))
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
 def _setup_context(ctx, inputs, output):

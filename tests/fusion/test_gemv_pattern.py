@@ -80,3 +80,17 @@ def test_switch_off_and_explain():
     torch._dynamo.reset()
     report = explain(module, x, config=CompilationConfig(fusion_patterns={"enable_gemv": False}))
     assert report.counts()["gemv"]["unfused"] == 1
+
+
+def test_leading_dims_stay_whole():
+    """F.linear on [B, 1, K] flattens to [B, K] and back around the mm: the gemv site takes and gives the 3-D
+    tensors, without the two views."""
+    torch.manual_seed(7)
+    module = Proj().eval()
+    x = torch.randn(2, 1, 512)
+    fused, counts, _ = trace_fused(lambda t: [module(t)], [x], CompilationConfig().fusion_patterns)
+    assert counts["gemv"] == 1
+    targets = [n.target for n in fused.graph.nodes if n.op == "call_function"]
+    assert not [t for t in targets if "view" in str(t) or "reshape" in str(t)], targets
+    with torch.no_grad():
+        torch.testing.assert_close(GraphRunner(module)(x), module(x), rtol=1e-5, atol=1e-5)

@@ -40,6 +40,17 @@ def test_strided_arguments(dtype):
     assert_close_to_reference(op(x, wt), reference(x, wt))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_leading_dims_are_rows(dtype):
+    """x [..., K] -> [..., N], as F.linear: a decode step's [B, 1, K] and a 1-D vector; a permuted x whose rows
+    are not one stride is copied."""
+    w, b = randn(40, 24, dtype=dtype, scale=0.2), randn(40, dtype=dtype)
+    for x in (randn(2, 1, 24, dtype=dtype), randn(24, dtype=dtype), randn(3, 2, 24, dtype=dtype).transpose(0, 1)):
+        out = op(x, w, b)
+        assert out.shape == (*x.shape[:-1], 40) and out.is_contiguous()
+        assert_close_to_reference(out, reference(x, w, b))
+
+
 def test_empty_and_zero_width():
     x, w, b = torch.randn(2, 0), torch.randn(3, 0), torch.randn(3)
     torch.testing.assert_close(op(x, w, b), b.expand(2, 3))
@@ -55,7 +66,7 @@ def test_float64_and_gradient():
 
 
 BAD = [
-    (lambda x, w, b: (x[0], w, b), "argument 'x' has shape \\[5\\]; expected 2 dims"),
+    (lambda x, w, b: (x[0, 0], w, b), "argument 'x' is a 0-dim tensor; expected \\[..., in_features\\]"),
     (lambda x, w, b: (x, w[:, :4], b), "argument 'weight' has shape \\[3, 4\\]; expected \\[out_features, 5\\]"),
     (lambda x, w, b: (x, w.half(), b), "argument 'weight' has dtype .*; expected x's dtype"),
     (lambda x, w, b: (x, w, b[:2]), "argument 'bias' has shape \\[2\\]; expected \\[3\\]"),

@@ -64,8 +64,27 @@ def _is_transpose(node) -> bool:
             and list(node.args[1]) in ([1, 0], [-1, -2], [1, -2], [-1, 0]))
 
 
+_VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
+
+
+def _unflattened(node, x):
+    """(x's unflattened source, the view of the result that restores it) when ``x`` only flattens the leading dims
+    of a tensor and the result's one user restores them (``F.linear`` on ``[..., K]``): gemv takes and gives the
+    N-D tensors, two ops fewer. Else (x, None)."""
+    if not (isinstance(x, torch.fx.Node) and x.target in _VIEWS and len(node.users) == 1):
+        return x, None
+    src, out = x.args[0], next(iter(node.users))
+    sv, ov, nv = _val(src), _val(out), _val(node)
+    if not (isinstance(sv, torch.Tensor) and isinstance(ov, torch.Tensor) and out.target in _VIEWS
+            and out.args[0] is node and sv.dim() >= 1 and sv.shape[-1] == _val(x).shape[-1]
+            and tuple(ov.shape) == (*sv.shape[:-1], nv.shape[-1])):
+        return x, None
+    return src, out
+
+
 def _replace(node, x, w, bias):
     graph = node.graph
+    x, restore = _unflattened(node, x)
     with graph.inserting_before(node):
         if _is_transpose(w) and isinstance(_val(w.args[0]), torch.Tensor):
             weight = w.args[0]  # Linear's t(weight): the weight itself (the permute goes with the mm)
@@ -86,6 +105,9 @@ def _replace(node, x, w, bias):
     for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
         if key in node.meta:
             new.meta[key] = node.meta[key]
+    if restore is not None:  # gemv gives [..., N] itself: its users read it in place of the restoring view
+        restore.replace_all_uses_with(new)
+        graph.erase_node(restore)
     node.replace_all_uses_with(new)
     graph.erase_node(node)
     if _is_transpose(w) and not w.users:
