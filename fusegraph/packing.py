@@ -9,11 +9,12 @@ measured faster: both forms are timed once for the site's shapes, dtype, thread 
 medians, ~50 ms per new signature), and the verdict is cached in memory and on disk next to Inductor's cache,
 the way Inductor's autotuning times its choices once. ``decisions()`` lists what was decided in this process.
 
-Linears: float32 ones are never packed (``freezing.no_fp32_linear_packing`` says why); bf16/fp16 ones stay as
-Inductor packs them.
+Linears: float32 ones are never packed, bf16/fp16 ones stay as Inductor packs them (``freezing.packing_policy``
+says why; it is also where this check is wired in).
 """
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -29,7 +30,7 @@ CACHE_VERSION = 1
 
 _lock = threading.Lock()
 _verdicts: dict | None = None  # key -> [pack?, t_plain, t_packed]
-_decided: list = []  # (key, pack?, t_plain, t_packed) in this process, in order
+_decided = collections.deque(maxlen=1024)  # (signature, pack?, t_plain, t_packed), the latest checks first out
 
 
 def cache_path() -> str:
@@ -71,7 +72,8 @@ def _store(key: str, verdict: list) -> None:
 
 
 def decisions() -> list:
-    """The packing verdicts of this process: (signature, packed?, t_plain, t_packed) per conv site decided."""
+    """The packing verdicts this process applied, oldest first (the last 1024 checks; Inductor's matcher may check a
+    site more than once): (signature, packed?, t_plain, t_packed)."""
     with _lock:
         return list(_decided)
 
