@@ -1,4 +1,5 @@
-"""CUDA kernels of the six fused ops against float64 references (skipped without a GPU).
+"""CUDA kernels of the six fused ops against float64 references, and the decode-step ops (at:: ops on CUDA); skipped
+without a GPU.
 
 Each test calls ``torch.ops.fusegraph.*`` on CUDA tensors: every dtype, odd sizes (scalar fallback
 paths), 16-byte aligned sizes (vector paths), misaligned pointers, short rows (one warp per row) and
@@ -528,3 +529,19 @@ def test_bf16_gradients_on_cuda_match_cpu():
         grads.append(torch.autograd.grad(ops.rms_norm(xl, wl, 1e-6), (xl, wl), g.to(dev)))
     for gc, gh in zip(*grads):
         torch.testing.assert_close(gc.cpu(), gh)
+
+
+# --- the decode-step ops: on CUDA they run the at:: ops (the fusion passes fuse CPU sites only) ---------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kv_attention_and_gemv_on_cuda(dtype):
+    q, kc, kn = crandn(2, 4, 1, 64, dtype=dtype), crandn(2, 4, 33, 64, dtype=dtype), crandn(2, 4, 1, 64, dtype=dtype)
+    vc, vn = crandn(2, 4, 33, 48, dtype=dtype), crandn(2, 4, 1, 48, dtype=dtype)
+    out = ops.kv_attention(q, kc, kn, vc, vn)
+    ref = F.scaled_dot_product_attention(q.double(), torch.cat([kc, kn], 2).double(), torch.cat([vc, vn], 2).double())
+    assert out.device.type == CUDA
+    assert_close_to_reference(out.cpu(), ref.cpu())
+    x, w, b = crandn(3, 70, dtype=dtype), crandn(37, 70, dtype=dtype, scale=0.1), crandn(37, dtype=dtype)
+    out = ops.gemv(x, w, b)
+    assert out.device.type == CUDA
+    assert_close_to_reference(out.cpu(), F.linear(x.double(), w.double(), b.double()).cpu())
