@@ -49,3 +49,20 @@ def run_under_cpu_capabilities(script: str, capabilities=("default", "avx2"), ti
         stdout, stderr = proc.communicate(timeout=timeout)
         assert proc.returncode == 0, f"{cap}: {stderr}"
         assert stdout.split()[-1] == cap.upper(), f"{cap}: ran at {stdout.split()[-1:]}"
+
+
+def assert_error_names(op, args, message: str, *, fake: bool) -> None:
+    """``op(*args)`` raises a RuntimeError or ValueError matching ``message``: the real kernel's checks, or with
+    ``fake`` the fake kernel's (the same arguments as FakeTensors: the checks a compile runs)."""
+    import pytest
+
+    if fake:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        with FakeTensorMode() as mode:
+            args = tuple(mode.from_tensor(t) for t in args)
+            with pytest.raises((RuntimeError, ValueError), match=message):
+                op(*args)
+    else:
+        with pytest.raises((RuntimeError, ValueError), match=message):
+            op(*args)
