@@ -12,9 +12,10 @@ def gemv(x, weight, bias=None) -> torch.Tensor:
     .. math:: \mathrm{out}[m, n] = \sum_k x[m, k]\, w[n, k] + b[n]
 
     ``x`` ``[..., K]`` (its rows: the leading dims), ``weight`` ``[N, K]``, ``bias`` ``[N]`` or None, one dtype for
-    all; sums in float32, bias added before one rounding to the output (contiguous ``[..., N]``). On CPU one pass over the weight rows (four
-    at a time) for all of x's rows: bandwidth-bound, for the M <= 8 rows the fusion pass gives it; other devices
-    run ``at::linear``. float64: ``at::linear`` in float64. Differentiable (``F.linear``'s gradient).
+    all; sums in float32, bias added before one rounding to the output (contiguous ``[..., N]``). On CPU one
+    pass over the weight rows (four at a time) for all of x's rows: bandwidth-bound, for the M <= 8 rows the
+    fusion pass gives it; other devices run ``at::linear``. float64: ``at::linear`` in float64. Differentiable
+    (``F.linear``'s gradient).
     """
     return torch.ops.fusegraph.gemv(x, weight, bias)
 
