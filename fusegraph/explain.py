@@ -357,7 +357,6 @@ def _mul_add_anchor(node) -> Optional[str]:
     return "mul→add" if products else None
 
 
-# family -> (node -> label or None). Order matters only for reading.
 def _kv_attention_anchor(node) -> Optional[str]:
     """A decode step's SDPA on CPU (at most MAX_QUERIES query rows) whose keys and values are concatenations."""
     from .fusion.patterns import kv_attention
@@ -382,6 +381,7 @@ def _gemv_anchor(node) -> Optional[str]:
     return None
 
 
+# family -> (node -> label or None). Order matters only for reading.
 CANDIDATES: dict = {
     "adaln": _adaln_anchor,
     "rope": _rope_anchor,

@@ -35,8 +35,8 @@ log = logging.getLogger("fusegraph")
 
 MARGIN = 0.05
 # The families the choice weighs (elementwise and row-wise sites Inductor would otherwise generate code for).
-# kv_attention is not among them: Inductor generates no code for attention (an extern SDPA call either way), so
-# that site stays fused.
+# kv_attention and gemv are not among them: they replace extern calls (SDPA, mm) for which Inductor generates no
+# code of its own, so those sites stay fused.
 CALIBRATED = ("rms_norm", "rope", "adaln", "gelu", "mul_add", "adaln_rms", "adaln_noshift")
 TABLE_VERSION = 1
 _SHIPPED = os.path.join(os.path.dirname(__file__), "cost_cpu.json")
