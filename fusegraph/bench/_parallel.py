@@ -44,6 +44,9 @@ def _timed(fn, inputs, device, reps, warmup=2) -> list:
 
 
 def _rank_main(rank, world, port, model_name, dtype_name, device_type, reps, variants, threads, out_path):
+    import faulthandler
+
+    faulthandler.enable()  # a rank that aborts prints every thread's Python stack, not only "terminate called"
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     import torch.distributed as dist
@@ -70,6 +73,7 @@ def _rank_main(rank, world, port, model_name, dtype_name, device_type, reps, var
         logging.Logger.warning_once = logging.Logger.warning
     dtype = DTYPES[dtype_name]
     rows = {}
+    fn = model = backend = None
     try:
         torch.manual_seed(0)
         reference_model, inputs, shape = BUILDERS[model_name](dtype, device)
@@ -102,6 +106,17 @@ def _rank_main(rank, world, port, model_name, dtype_name, device_type, reps, var
         if rank == 0:
             with open(out_path, "w") as f:
                 json.dump(dict(shape=shape, ranks=gathered), f)
+        # Tear down in step: every compiled graph, its collectives' work objects and the process group go while
+        # the interpreter is whole. A gloo worker thread that drops the last reference to a Python-owned tensor
+        # takes the GIL; during interpreter finalization that aborts the process ("terminate called without an
+        # active exception", SIGABRT; pytorch/pytorch#190489, #179291). A rank aborted with that message once in CI,
+        # not reproduced in 13 local runs; faulthandler above shows where, should it recur.
+        del fn, model, reference_model, backend
+        torch._dynamo.reset()
+        import gc
+
+        gc.collect()
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
