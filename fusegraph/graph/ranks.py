@@ -32,6 +32,7 @@ program's to keep in step, exactly as in eager mode.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 
@@ -100,6 +101,21 @@ def group_for_runner(process_group, fn):
     return torch.distributed.group.WORLD
 
 
+def _outside_modes(fn):
+    """Runs an exchange with every Python dispatch mode popped (restored after). The aten route fuses, and so
+    verifies, inside aot_autograd's fake mode: an agreement tensor made there is fake, and the fake mode either
+    skips the collective (no communication: this rank falls a collective behind) or, for a one-element constant,
+    runs it for real; the ranks then pair different collectives and hang (seen in CI, verify on 2 gloo ranks)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        with _disable_current_modes():
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
 def _comm_device(group) -> torch.device:
     """Where the agreement tensors live: CPU for gloo, the current CUDA device for NCCL (a communicator that
     cannot take CPU tensors)."""
@@ -115,6 +131,7 @@ def _comm_device(group) -> torch.device:
     return torch.device("cpu")
 
 
+@_outside_modes
 def _all_gather_ints(values: list, group) -> list:
     """Each rank's ``values`` (the same length on every rank), as a list per rank."""
     dist = torch.distributed
@@ -147,6 +164,7 @@ def signature_hash(description: str) -> int:
     return int.from_bytes(digest[:8], "little", signed=True)
 
 
+@_outside_modes
 def check_signatures(group, description: str, what: str) -> None:
     """Raises on every rank when the ranks of ``group`` are about to capture different input signatures."""
     dist = torch.distributed
@@ -167,6 +185,7 @@ def check_signatures(group, description: str, what: str) -> None:
         f"non-tensor values (this rank: {dist.get_rank()})")
 
 
+@_outside_modes
 def check_call(group, description: str, what: str) -> None:
     """The per-call form of ``check_signatures`` (``graph_rank_check="call"``): one all_reduce(MAX) of
     (hash, -hash); only when the ranks differ are the signatures gathered, and every rank raises."""
@@ -180,6 +199,7 @@ def check_call(group, description: str, what: str) -> None:
     raise AssertionError("fusegraph: the ranks' signature hashes differ, their signatures do not")  # not reached
 
 
+@_outside_modes
 def agree_capture(group, failed: bool, memory_bytes: int) -> tuple[list, int]:
     """(global ranks whose capture failed, the largest memory any rank measured)."""
     dist = torch.distributed
@@ -189,6 +209,7 @@ def agree_capture(group, failed: bool, memory_bytes: int) -> tuple[list, int]:
     return failed_ranks, max(m for _, m in rows)
 
 
+@_outside_modes
 def agree_any(group, flags: list) -> list:
     """Element-wise OR of ``flags`` (bools, the same length on every rank) over ``group``; ``flags`` itself when
     ``group`` is None."""

@@ -53,7 +53,7 @@ def run_ranks(scenarios, nproc: int = 2, timeout: float = 240.0, env: dict | Non
         outputs.append(out)
     failed = hung or any(p.returncode != 0 for p in procs)
     if failed:
-        text = "\n".join(f"===== rank {r} (exit {p.returncode}) =====\n{o[-6000:]}"
+        text = "\n".join(f"===== rank {r} (exit {p.returncode}) =====\n{o[-20000:]}"
                          for r, (p, o) in enumerate(zip(procs, outputs)))
         raise RanksFailed(f"{'HANG (timeout ' + str(timeout) + ' s)' if hung else 'rank failure'} in "
                           f"{scenarios}:\n{text}")

@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import RanksFailed, run_ranks  # noqa: E402
 
 SCENARIOS = ["replay_stress", "signature_mismatch", "capture_failure_in_step", "eviction_in_step", "verify_in_step",
-             "tp_mlp", "tp_flux_block", "cp_flux_ulysses", "cp_wan_ulysses"]
+             "exchange_under_fake_mode", "tp_mlp", "tp_flux_block", "cp_flux_ulysses", "cp_wan_ulysses"]
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
                                 reason="torch.distributed with gloo is not available in this build")
@@ -99,6 +99,13 @@ def test_eviction_in_step(results):
 
 def test_verify_in_step(results):
     assert all(r["max_diff"] <= 1e-5 for r in both(results, "verify_in_step"))
+
+
+def test_exchanges_communicate_under_a_fake_mode(results):
+    """ranks.agree_any / agree_capture / check_call inside a FakeTensorMode (where the aten route verifies) still
+    exchange: every rank sees the other's flags (the worker checks the values; a skipped exchange hangs)."""
+    for r in both(results, "exchange_under_fake_mode"):
+        assert (r["one"], r["several"]) == ([True], [True, False, True])
 
 
 def test_harness_fails_on_a_hang():

@@ -447,6 +447,27 @@ def verify_in_step():
 
 
 @scenario
+def exchange_under_fake_mode():
+    """The ranks' agreements run inside aot_autograd's fake mode on the aten route (verify fuses there): each
+    must still communicate. Rank-dependent flags; one- and several-element exchanges; a fake mode that skipped
+    the collective would leave this rank's own flags (or pair different collectives and hang)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fusegraph.graph import ranks
+
+    group = torch.distributed.group.WORLD
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        one = ranks.agree_any(group, [RANK == 1])
+        several = ranks.agree_any(group, [RANK == 0, False, RANK == 1])
+        failed, memory = ranks.agree_capture(group, RANK == 1, 100 * (RANK + 1))
+        ranks.check_call(group, "same signature", "exchange_under_fake_mode")
+    check(one == [True], f"one flag: {one}")
+    check(several == [True, False, True], f"several flags: {several}")
+    check(failed == [1] and memory == 200, f"agree_capture: {failed}, {memory}")
+    return {"one": one, "several": several}
+
+
+@scenario
 def deliberate_hang():
     """For the harness's own test: rank 0 waits in a collective rank 1 never joins (the watchdog must fire)."""
     if RANK == 0:
@@ -461,10 +482,14 @@ def deliberate_hang():
 
 
 def main():
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
     dist.init_process_group("gloo")
     try:
         for name in sys.argv[1:]:
             result = SCENARIOS[name]()
+            modes = _get_current_dispatch_mode_stack()
+            check(not modes, f"{name} left dispatch modes pushed: {modes}")  # they would reach later scenarios
             print("RESULT " + json.dumps({"scenario": name, "rank": RANK, **(result or {})}), flush=True)
         dist.barrier()
     finally:
