@@ -10,8 +10,12 @@ The decision is a cost model fitted to measurements (``CostModel``): for each fa
 count, the ratio (Inductor's time for the site) / (the fused op's time, called from Inductor's wrapper) measured at
 sizes from 1 Ki to 4 Mi elements, interpolated in log size (below 1 Ki the ratio shrinks with the size: there
 the fused op costs its fixed call, Inductor's inline code almost nothing). A site is fused when the ratio at its
-size is at least ``1 + MARGIN`` (the margin pays for what an isolated measurement cannot see: the fused op
-materialises its inputs and its output, where Inductor would have fused the site with its neighbours). The
+size is at least ``1 + MARGIN`` *and* the time it saves, (ratio - 1) x the fused op's measured time, is at least
+``CONTEXT_US`` for the device. Both pay for what an isolated measurement cannot see: in a model the fused op is an
+extern call that cuts Inductor's fusion with the site's neighbours (its inputs materialised in the layout it takes,
+its output written out for its consumers). On the zoo that cost ~5 us per site on CPU whatever the site's size
+(PRX: 6 small rope/gelu sites predicted 1.35-1.48x faster cost 28 us per call in the model; HiDream: 4 rope sites,
+~25 us), more than a small site can save, so a ratio alone kept sites that lost. The
 measurements come from ``python -m fusegraph bench calibrate`` (``calibrate`` here), which writes them to the cache
 directory; a table measured on the development machine ships with the package (``cost_cpu.json``) and is used
 until the user calibrates their own. A device without a table (CUDA/NPU until calibrated there) keeps every fused
@@ -34,11 +38,14 @@ import torch.fx
 log = logging.getLogger("fusegraph")
 
 MARGIN = 0.05
+# The time a fused site must save over Inductor's code (per call, microseconds) to stay fused: the in-context cost
+# of an extern call measured on the zoo (module docstring). Devices without an entry: no such bar.
+CONTEXT_US = {"cpu": 5.0}
 # The families the choice weighs (elementwise and row-wise sites Inductor would otherwise generate code for).
 # kv_attention and gemv are not among them: they replace extern calls (SDPA, mm) for which Inductor generates no
 # code of its own, so those sites stay fused.
 CALIBRATED = ("rms_norm", "rope", "adaln", "gelu", "mul_add", "adaln_rms", "adaln_noshift")
-TABLE_VERSION = 1
+TABLE_VERSION = 2  # 2: each point also holds the fused op's time (v1 tables, ratios only, are not read)
 _SHIPPED = os.path.join(os.path.dirname(__file__), "cost_cpu.json")
 
 _FG = None
@@ -252,21 +259,33 @@ class CostModel:
     def ratio(self, family: str, device: torch.device, dtype: torch.dtype, numel: int,
               threads: Optional[int] = None) -> Optional[float]:
         """Predicted t(Inductor) / t(fused) for one site; None when nothing was measured for this device."""
+        return self.predict(family, device, dtype, numel, threads)[0]
+
+    def predict(self, family: str, device: torch.device, dtype: torch.dtype, numel: int,
+                threads: Optional[int] = None) -> tuple:
+        """(t(Inductor) / t(fused), the fused op's time in microseconds) for one site; (None, None) when nothing
+        was measured, the time None when the table has ratios only."""
         per_device = self.tables.get(_device_key(device))
         if not per_device:
-            return None
+            return None, None
         threads = torch.get_num_threads() if threads is None else threads
         key = min(per_device, key=lambda k: (abs(int(k) - threads), int(k)))  # nearest measured thread count
         points = per_device[key].get(family, {}).get(str(dtype).replace("torch.", ""))
         if not points:
-            return None
+            return None, None
         x = math.log2(max(numel, 1))
+        timed = all(len(p) > 2 and p[2] > 0 for p in points)
         if x <= points[0][0]:  # below the table the fused op's time is its fixed call cost while Inductor's code
-            return points[0][1] * 2.0 ** (x - points[0][0])  # (inline in a kernel) shrinks with the site: ~numel
-        for (x0, r0), (x1, r1) in zip(points, points[1:]):
-            if x <= x1:
-                return r0 + (r1 - r0) * (x - x0) / (x1 - x0)
-        return points[-1][1]
+            ratio = points[0][1] * 2.0 ** (x - points[0][0])  # (inline in a kernel) shrinks with the site: ~numel
+            return ratio, (points[0][2] if timed else None)
+        for p0, p1 in zip(points, points[1:]):
+            if x <= p1[0]:
+                f = (x - p0[0]) / (p1[0] - p0[0])
+                ratio = p0[1] + (p1[1] - p0[1]) * f
+                return ratio, (2.0 ** (math.log2(p0[2]) + (math.log2(p1[2]) - math.log2(p0[2])) * f) if timed
+                               else None)  # the time interpolated in log-log
+        last = points[-1]
+        return last[1], (last[2] * 2.0 ** (x - last[0]) if timed else None)  # above: the time ~ numel
 
 
 _model: Optional[CostModel] = None
@@ -301,15 +320,27 @@ def _site_size(node) -> tuple:
 
 def decide(node: torch.fx.Node) -> tuple:
     """(keep the fused op?, predicted t(Inductor) / t(fused) or None) for one fused node: kept when the cost
-    model has no measurement for its device/family/dtype, or predicts the fused op at least MARGIN faster."""
+    model has no measurement for its device/family/dtype, or predicts the fused op at least MARGIN faster and
+    saving at least CONTEXT_US per call."""
+    keep, ratio, _ = _decide(node)
+    return keep, ratio
+
+
+def _decide(node: torch.fx.Node) -> tuple:
+    """(keep?, ratio or None, predicted microseconds saved per call or None)."""
     family = family_of(node)
     dtype, numel = _site_size(node)
     if family is None or dtype is None or numel is None:
-        return True, None
+        return True, None, None
     if _float64_args(node):  # the op runs such calls as plain torch ops, not its kernel: Inductor's code is better
-        return False, None
-    ratio = cost_model().ratio(family, node.meta["val"].device, dtype, numel)
-    return (ratio is None or ratio >= 1 + MARGIN), ratio
+        return False, None, None
+    device = node.meta["val"].device
+    ratio, fused_us = cost_model().predict(family, device, dtype, numel)
+    if ratio is None:
+        return True, None, None
+    saved = None if fused_us is None else (ratio - 1) * fused_us
+    keep = ratio >= 1 + MARGIN and (saved is None or saved >= CONTEXT_US.get(_device_key(device), 0.0))
+    return keep, ratio, saved
 
 
 def _float64_args(node: torch.fx.Node) -> bool:
@@ -319,11 +350,12 @@ def _float64_args(node: torch.fx.Node) -> bool:
 
 def describe(node: torch.fx.Node) -> str:
     """The Inductor route's choice for one fused node, as the explain report shows it."""
-    keep, ratio = decide(node)
+    keep, ratio, saved = _decide(node)
     if ratio is None:
         return ("Inductor code (float64 arguments: no fused kernel)" if not keep else
                 "fused op (no measurement for this device/dtype)")
-    return f"{'fused op' if keep else 'Inductor code'} (Inductor/fused time {ratio:.2f})"
+    gain = "" if saved is None else f", saves {saved:.1f} us"
+    return f"{'fused op' if keep else 'Inductor code'} (Inductor/fused time {ratio:.2f}{gain})"
 
 
 def choose(graph: torch.fx.Graph, config=None, *, stats=None, decisions: Optional[list] = None) -> dict:
@@ -486,7 +518,7 @@ def calibrate(device="cpu", dtypes=(torch.float32, torch.bfloat16, torch.float16
                         fused, ind = _paired_medians([lambda: target(*args, **kwargs),
                                                       _inductor_fn(target, args, kwargs)], sync=_sync_for(device))
                     ind = max(ind - overhead, 1e-9)
-                    points.append([round(math.log2(numel), 3), round(ind / fused, 4)])
+                    points.append([round(math.log2(numel), 3), round(ind / fused, 4), round(fused * 1e6, 3)])
                     if progress is not None:
                         progress(f"{family:14s} {str(dtype):15s} numel 2^{int(math.log2(numel)):<3d} "
                                  f"fused {fused * 1e6:9.2f} us  inductor {ind * 1e6:9.2f} us  ratio {ind / fused:.2f}")

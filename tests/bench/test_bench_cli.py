@@ -182,9 +182,10 @@ def test_bench_calibrate_writes_a_table_the_cost_model_reads(tmp_path, capsys):
     assert "gelu" in out and "ratio" in out
     data = json.loads(path.read_text())
     points = data["tables"]["cpu"]["1"]["gelu"]["float32"]
-    assert [p[0] for p in points] == [10.0, 14.0] and all(r > 0 for _, r in points)
+    assert [p[0] for p in points] == [10.0, 14.0] and all(r > 0 and us > 0 for _, r, us in points)
     model = CostModel(data["tables"], str(path))
-    assert model.ratio("gelu", torch.device("cpu"), torch.float32, 2 ** 12, threads=1) is not None
+    ratio, fused_us = model.predict("gelu", torch.device("cpu"), torch.float32, 2 ** 12, threads=1)
+    assert ratio is not None and points[0][2] <= fused_us <= points[1][2]
 
 
 def test_bench_calibrate_rejects_bad_arguments(capsys):

@@ -92,6 +92,43 @@ def test_cost_model_interpolates_in_log_size_and_clamps():
     assert model.ratio("gelu", torch.device("cuda"), torch.float32, 2 ** 13) is None  # no table: keep fused
 
 
+def test_cost_model_interpolates_the_fused_time_in_log_log():
+    model = CostModel({"cpu": {"1": {"gelu": {"float32": [[10, 0.5, 2.0], [16, 2.0, 128.0]]}}}}, "test")
+    cpu = torch.device("cpu")
+    assert model.predict("gelu", cpu, torch.float32, 2 ** 10, threads=1) == (0.5, 2.0)
+    ratio, us = model.predict("gelu", cpu, torch.float32, 2 ** 13, threads=1)
+    assert ratio == pytest.approx(1.25) and us == pytest.approx(16.0)  # halfway in log size: 2 * 64 ** 0.5
+    assert model.predict("gelu", cpu, torch.float32, 2 ** 4, threads=1)[1] == 2.0  # below: the fixed call cost
+    assert model.predict("gelu", cpu, torch.float32, 2 ** 18, threads=1)[1] == pytest.approx(512.0)  # above: ~numel
+    old = CostModel({"cpu": {"1": {"gelu": {"float32": [[10, 0.5], [16, 2.0]]}}}}, "ratios only")
+    assert old.predict("gelu", cpu, torch.float32, 2 ** 13, threads=1) == (pytest.approx(1.25), None)
+
+
+def test_a_site_must_save_context_us_to_stay_fused(monkeypatch):
+    """Faster by the ratio is not enough: a fused op that saves less than CONTEXT_US per call loses in a model
+    (an extern call cuts Inductor's fusion with its neighbours), so it is lowered; a big site that saves more stays.
+    """
+    # gelu 3x faster everywhere; the fused op takes 1 us at 2^10 elements and 1024 us at 2^20
+    model = CostModel({"cpu": {"1": {"gelu": {"float32": [[10, 3.0, 1.0], [20, 3.0, 1024.0]]}}}}, "test")
+    monkeypatch.setattr(choice, "_model", model)
+    monkeypatch.setattr(choice, "CONTEXT_US", {"cpu": 5.0})
+
+    def site(numel):
+        g = torch.fx.Graph()
+        x = g.placeholder("x")
+        node = g.call_function(fg.gelu_tanh.default, (x,))
+        node.meta["val"] = torch.empty(numel)
+        return node
+
+    small, big = site(2 ** 10), site(2 ** 14)  # saves 2 us; saves (3 - 1) * 16 = 32 us
+    assert choice.decide(small) == (False, pytest.approx(3.0))
+    assert choice.decide(big) == (True, pytest.approx(3.0))
+    assert "saves 2.0 us" in choice.describe(small) and choice.describe(small).startswith("Inductor code")
+    assert choice.describe(big).startswith("fused op") and "saves 32.0 us" in choice.describe(big)
+    monkeypatch.setattr(choice, "CONTEXT_US", {})  # a device without the bar: the ratio alone decides
+    assert choice.decide(small)[0]
+
+
 def test_shipped_table_covers_every_family_and_dtype():
     """Every family the choice weighs has a table; the others (kv_attention, gemv: extern calls replaced by ours)
     are not in CALIBRATED."""
@@ -105,7 +142,7 @@ def test_shipped_table_covers_every_family_and_dtype():
     for family in choice.CALIBRATED:
         for dtype in ("float32", "bfloat16", "float16"):
             points = per_threads["1"][family][dtype]
-            assert len(points) >= 3 and all(r > 0 for _, r in points)
+            assert len(points) >= 3 and all(len(p) == 3 and p[1] > 0 and p[2] > 0 for p in points)  # x, ratio, us
             assert [p[0] for p in points] == sorted(p[0] for p in points)
 
 
