@@ -47,7 +47,8 @@ def _source_hash() -> str:
 def _choice_key() -> str:
     """The cost model the per-site choice reads (Inductor's cache key must change when it does)."""
     model = choice.cost_model()
-    return hashlib.sha256(repr((model.source, sorted(model.tables.items(), key=str))).encode()).hexdigest()[:16]
+    return hashlib.sha256(repr((model.source, sorted(model.tables.items(), key=str), choice.MARGIN,
+                                sorted(choice.CONTEXT_US.items()))).encode()).hexdigest()[:16]
 
 
 class FusionPass(_PassBase):
