@@ -244,11 +244,13 @@ class CompilationConfig(_ConfigBase):
                                         "The compiled graph then holds a concatenated copy of those weights.")
     inductor = _Field(True, _bool, "Default route: hand the fused graph to Inductor's codegen; False: run it as "
                                    "fused aten ops (fast compile, the seed's behaviour).")
-    fusion_choice = _Field("auto", _choice("auto", "always"),
-                           "Inductor route only: 'auto' keeps a fused op where it is predicted faster than "
+    fusion_choice = _Field("auto", _choice("auto", "model", "always"),
+                           "Inductor route only: 'model' keeps a fused op where it is predicted faster than "
                            "Inductor's own code for the site (fusegraph.fusion.choice's cost model, measured per "
-                           "device, dtype and size) and lowers it back to aten ops elsewhere; 'always' keeps every "
-                           "fused op. The aten and graph routes always fuse.")
+                           "device, dtype and size) and lowers it back to aten ops elsewhere; 'auto' does that and "
+                           "also compiles the graph as plain torch.compile does, times both on the first calls and "
+                           "keeps the faster (fusegraph.fusion.measured; the verdict is cached on disk); 'always' "
+                           "keeps every fused op. The aten and graph routes always fuse.")
     graph_log_url = _Field(None, _optional_path, "A directory: each pass writes the graph before and after it "
                                                  "there, as readable text.")
     fusion_patterns = _Field(None, _fusion_patterns, "Which fusion pattern families run (FusionPatterns).")

@@ -6,7 +6,7 @@ import threading
 from . import _C
 from .fusion.patterns import PATTERN_NAMES  # the family table lists them
 
-_DICTS = ("patterns", "lowered", "fallbacks")
+_DICTS = ("patterns", "lowered", "fallbacks", "graph_choices")
 # The scalar counters, in C++ (csrc/graph/counters.h: the list and what each counts).
 COUNTER_NAMES = _C.graph.Counters.names
 
@@ -16,8 +16,10 @@ class Stats:
 
     - ``patterns``: fused sites per family; ``lowered``: of those, the sites the Inductor route lowered back to
       aten ops because Inductor's own code is predicted faster there (fusegraph.fusion.choice; fused ops in
-      the compiled code = patterns - lowered); ``fallbacks``: reason -> count. Python dicts: change them
-      through ``add_patterns``, ``add_lowered`` and ``add_fallback``.
+      the compiled code = patterns - lowered); ``fallbacks``: reason -> count; ``graph_choices``: Inductor-route
+      graphs whose two compiles were measured against each other (fusegraph.fusion.measured), by the one that
+      runs: ``"fused"`` (fusegraph's) or ``"inductor"`` (plain Inductor's, fusion and freezing dropped). Python
+      dicts: change them through ``add_patterns``, ``add_lowered``, ``add_fallback`` and ``add_graph_choice``.
     - the scalars (``graphs_compiled``, ``graphs_captured``, ``replays``, ``inputs_copied``, ``inputs_skipped``,
       ``evictions``, ``recaptures``, ``eager_calls``, ``frozen_recompiles``, ``weight_invalidations``,
       ``bucket_padded_calls``, ``bucket_overflows``, ``graph_memory_bytes``, ``capture_seconds``,
@@ -32,6 +34,7 @@ class Stats:
         self.patterns = {name: 0 for name in PATTERN_NAMES}
         self.lowered = {name: 0 for name in PATTERN_NAMES}
         self.fallbacks = {}
+        self.graph_choices = {"fused": 0, "inductor": 0}
         self.counters = _C.graph.Counters()  # shared with the GraphCaches of the runners reporting here
         self._lock = threading.Lock()  # the dicts
         for name, value in values.items():
@@ -54,6 +57,10 @@ class Stats:
         with self._lock:
             for name, n in counts.items():
                 self.patterns[name] = self.patterns.get(name, 0) + n
+
+    def add_graph_choice(self, choice: str) -> None:
+        with self._lock:
+            self.graph_choices[choice] = self.graph_choices.get(choice, 0) + 1
 
     def add_lowered(self, counts: dict) -> None:
         with self._lock:

@@ -28,7 +28,10 @@ def _variant_backend(name):
             "fusegraph_graph": lambda: Backend(CompilationConfig(graph_with_compile=True, inductor=False))}[name]()
 
 
-def _timed(fn, inputs, device, reps, warmup=2) -> list:
+def _timed(fn, inputs, device, reps, warmup=None) -> list:
+    from .timing import compiled_warmup
+
+    warmup = compiled_warmup() if warmup is None else warmup
     times = []
     with torch.no_grad():
         for i in range(warmup + reps):

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from .timing import fmt_time, interleaved_seconds, machine_summary
+from .timing import compiled_warmup, fmt_time, interleaved_seconds, machine_summary
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -117,12 +117,13 @@ def compile_variant(name, make_fn, inputs, reference):
     return row, fn, out
 
 
-def time_round_robin(fns: dict, inputs, device, reps: int, warmup: int = 2) -> dict:
+def time_round_robin(fns: dict, inputs, device, reps: int, warmup: int | None = None) -> dict:
     """Median seconds per variant, measured in turn rep by rep (timing.interleaved_seconds) so that a machine
     whose load changes over time biases every variant alike."""
     calls = {name: (lambda fn=fn: fn(**inputs)) for name, fn in fns.items()}
     with torch.no_grad():
-        times = interleaved_seconds(calls, device=device, warmup=warmup, reps=reps)
+        times = interleaved_seconds(calls, device=device, warmup=compiled_warmup() if warmup is None else warmup,
+                                    reps=reps)
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 

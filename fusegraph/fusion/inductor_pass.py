@@ -66,13 +66,13 @@ class FusionPass(_PassBase):
             self.job.note_fallback(reason)
             return
         self.job.fuse(graph)
-        if self.config.fusion_choice == "auto":
+        if self.config.fusion_choice in ("auto", "model"):
             self.job.choose(graph)
 
     def uuid(self):
         fp = self.config.fusion_patterns
         opts = tuple(sorted(fp.as_dict().items())) + (("verify", self.config.verify),
-                                                      ("choice", self.config.fusion_choice, _choice_key(),
+                                                      ("choice", self.config.fusion_choice == "always", _choice_key(),
                                                        torch.get_num_threads()),
                                                       ("packing", "linear: bf16/fp16 only, conv: measured",
                                                        self.config.concat_linear))  # freezing.py
