@@ -60,6 +60,7 @@ def bench_one(name: str, reps: int) -> dict:
     for variant, ts in times.items():
         row[f"{variant}_s"] = statistics.median(ts)
     row["fusegraph_patterns"] = dict(backend.stats.patterns)
+    row["graph_choices"] = dict(backend.stats.graph_choices)
     row["fallbacks"] = dict(backend.stats.fallbacks)
     return row
 

@@ -137,7 +137,8 @@ class MeasuredGraph:
     """The compiled callable Dynamo gets when a graph is measured: the first calls alternate between fusegraph's
     compile (``fused``) and plain Inductor's (``inductor``) and time each; then the faster serves every call.
 
-    ``on_verdict(choice, t_fused, t_inductor)`` is called once, when the choice is made."""
+    ``on_verdict(choice, t_fused, t_inductor, why)`` is called once, when the choice is made (``why``: empty, or
+    why fusegraph's compile was kept unmeasured)."""
 
     def __init__(self, fused, inductor, device: torch.device, on_verdict, graph_id: int, recompiles=lambda: 0):
         self._fns = {FUSED: fused, INDUCTOR: inductor}
