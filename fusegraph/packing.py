@@ -15,12 +15,13 @@ says why; it is also where this check is wired in).
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import os
 import threading
 
 import torch
+
+from ._verdicts import VerdictFile
 
 log = logging.getLogger("fusegraph")
 
@@ -29,7 +30,6 @@ MARGIN = 1.05
 CACHE_VERSION = 1
 
 _lock = threading.Lock()
-_verdicts: dict | None = None  # key -> [pack?, t_plain, t_packed]
 _decided = collections.deque(maxlen=1024)  # (signature, pack?, t_plain, t_packed), the latest checks first out
 
 
@@ -39,36 +39,7 @@ def cache_path() -> str:
     return os.path.join(cache_dir(), "fusegraph_packing", f"conv_v{CACHE_VERSION}.json")
 
 
-def _load() -> dict:
-    global _verdicts
-    if _verdicts is None:
-        try:
-            with open(cache_path()) as f:
-                data = json.load(f)
-            _verdicts = dict(data) if isinstance(data, dict) else {}
-        except (OSError, ValueError):
-            _verdicts = {}
-    return _verdicts
-
-
-def _store(key: str, verdict: list) -> None:
-    _verdicts[key] = verdict
-    path = cache_path()
-    try:  # merge with what other processes wrote; a failed write only costs a re-measurement later
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        try:
-            with open(path) as f:
-                on_disk = json.load(f)
-        except (OSError, ValueError):
-            on_disk = {}
-        on_disk = on_disk if isinstance(on_disk, dict) else {}
-        on_disk[key] = verdict
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(on_disk, f, indent=0, sort_keys=True)
-        os.replace(tmp, path)
-    except OSError as e:
-        log.debug("fusegraph: packing cache not written (%s)", e)
+_verdicts = VerdictFile(lambda: cache_path())  # key -> [pack?, t_plain, t_packed]
 
 
 def decisions() -> list:
@@ -147,7 +118,7 @@ def conv_packing_pays(node: torch.fx.Node) -> bool:
         return False
     key = _key(sig)
     with _lock:
-        verdict = _load().get(key)
+        verdict = _verdicts.get(key)
         if verdict is None:
             from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -158,7 +129,7 @@ def conv_packing_pays(node: torch.fx.Node) -> bool:
                 log.info("fusegraph: conv %s not timed (%s: %s); left unpacked", sig, type(e).__name__, e)
                 return False
             verdict = [t_plain >= MARGIN * t_packed, t_plain, t_packed]
-            _store(key, verdict)
+            _verdicts.put(key, verdict)
             log.info("fusegraph: conv %s: plain %.1f us, packed %.1f us: %s", sig, t_plain * 1e6, t_packed * 1e6,
                      "packed" if verdict[0] else "left unpacked")
         _decided.append((sig, bool(verdict[0]), verdict[1], verdict[2]))

@@ -21,7 +21,6 @@ collectives on a multi-rank job (the ranks could choose differently), graphs whe
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import statistics
@@ -29,6 +28,8 @@ import threading
 import time
 
 import torch
+
+from .._verdicts import VerdictFile
 
 log = logging.getLogger("fusegraph")
 
@@ -40,9 +41,6 @@ WARMUP = 8
 ROUNDS = 7  # timed calls of each compile
 FUSED, INDUCTOR = "fused", "inductor"
 
-_lock = threading.Lock()
-_verdicts: dict | None = None  # key -> [choice, t_fused, t_inductor]
-
 
 def cache_path() -> str:
     from torch._inductor.runtime.cache_dir_utils import cache_dir
@@ -50,53 +48,24 @@ def cache_path() -> str:
     return os.path.join(cache_dir(), "fusegraph_choice", f"graphs_v{CACHE_VERSION}.json")
 
 
-def _load() -> dict:
-    global _verdicts
-    if _verdicts is None:
-        try:
-            with open(cache_path()) as f:
-                data = json.load(f)
-            _verdicts = dict(data) if isinstance(data, dict) else {}
-        except (OSError, ValueError):
-            _verdicts = {}
-    return _verdicts
+_verdicts = VerdictFile(lambda: cache_path())  # key -> [choice, t_fused, t_inductor]
 
 
 def cached_verdict(key: str):
     """The stored choice for ``key`` (FUSED or INDUCTOR), or None when it was never measured here."""
-    with _lock:
-        verdict = _load().get(key)
+    verdict = _verdicts.get(key)
     if isinstance(verdict, list) and verdict and verdict[0] in (FUSED, INDUCTOR):
         return verdict[0]
     return None
 
 
-def _store(key: str, verdict: list) -> None:
-    with _lock:
-        _load()[key] = verdict
-        path = cache_path()
-        try:  # merge with what other processes wrote; a failed write only costs a measurement later
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            try:
-                with open(path) as f:
-                    on_disk = json.load(f)
-            except (OSError, ValueError):
-                on_disk = {}
-            on_disk = on_disk if isinstance(on_disk, dict) else {}
-            on_disk[key] = verdict
-            tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-            with open(tmp, "w") as f:
-                json.dump(on_disk, f, indent=0, sort_keys=True)
-            os.replace(tmp, path)
-        except OSError as e:
-            log.debug("fusegraph: graph choice cache not written (%s)", e)
+def store_verdict(key: str, choice: str, t_fused: float, t_inductor: float) -> None:
+    _verdicts.put(key, [choice, t_fused, t_inductor])
 
 
 def forget() -> None:
     """Drops this process's verdicts (the file is read again on the next lookup). For tests and benchmarks."""
-    global _verdicts
-    with _lock:
-        _verdicts = None
+    _verdicts.forget()
 
 
 def _machine(device: torch.device) -> str:
@@ -208,10 +177,6 @@ class MeasuredGraph:
             log.info("fusegraph: graph %d measured: fusegraph's compile %.1f us, Inductor's own %.1f us per call: "
                      "running %s", self._graph_id, t_fused * 1e6, t_inductor * 1e6,
                      "fusegraph's" if choice == FUSED else "Inductor's own")
-
-
-def store_verdict(key: str, choice: str, t_fused: float, t_inductor: float) -> None:
-    _store(key, [choice, t_fused, t_inductor])
 
 
 __all__ = ["CALLS", "FUSED", "INDUCTOR", "MeasuredGraph", "cache_path", "cached_verdict", "forget", "graph_key",

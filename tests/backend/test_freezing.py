@@ -282,8 +282,7 @@ def test_conv_packing_follows_the_measured_verdict(route, verdict, monkeypatch, 
 
     if not torch._C._has_mkldnn:
         pytest.skip("no mkldnn: nothing would pack")
-    monkeypatch.setattr(packing, "cache_path", lambda: str(tmp_path / "conv.json"))
-    monkeypatch.setattr(packing, "_verdicts", None)
+    monkeypatch.setattr(packing, "_verdicts", packing.VerdictFile(lambda: str(tmp_path / "conv.json")))
     timed = []
     monkeypatch.setattr(packing, "_time_both", lambda sig: timed.append(sig) or ((2e-5, 1e-5) if verdict
                                                                                else (1e-5, 2e-5)))
@@ -301,7 +300,7 @@ def test_conv_packing_follows_the_measured_verdict(route, verdict, monkeypatch, 
         if attempt == 0:
             assert sorted(s[2] for s in timed) == [(8, 1, 3, 3), (8, 4, 3, 3)]  # both signatures measured once
             timed.clear()
-            monkeypatch.setattr(packing, "_verdicts", None)  # a new process: the verdicts come from the file
+            packing._verdicts.forget()  # a new process: the verdicts come from the file
     assert timed == []
     assert all(d[1] == verdict for d in packing.decisions()[-2:])
 

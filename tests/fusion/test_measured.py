@@ -120,22 +120,28 @@ class _CountPlain:
         monkeypatch.setattr(Backend, "_compile_plain", compile_plain)
 
 
-def test_backend_measures_once_then_serves_the_verdict_from_disk(_own_cache, monkeypatch):
-    plain = _CountPlain(monkeypatch)
-    model, x = _model(), torch.randn(7, 64)
+def _compiled_calls_match_eager(model, shape, calls: int) -> Backend:
+    """``calls`` calls of the model compiled by a default Backend, each on fresh inputs and equal to eager's."""
     backend = Backend()
     fn = torch.compile(model, backend=backend)
     with torch.no_grad():
-        for _ in range(measured.CALLS + 3):
-            x = torch.randn(7, 64)
+        for _ in range(calls):
+            x = torch.randn(*shape)
             torch.testing.assert_close(fn(x), model(x), rtol=1e-5, atol=1e-5)
+    return backend
+
+
+def test_backend_measures_once_then_serves_the_verdict_from_disk(_own_cache, monkeypatch):
+    plain = _CountPlain(monkeypatch)
+    model, x = _model(), torch.randn(7, 64)
+    backend = _compiled_calls_match_eager(model, (7, 64), measured.CALLS + 3)
     assert plain.compiles == 1 and plain.calls >= measured.WARMUP + measured.ROUNDS
     assert sum(backend.stats.graph_choices.values()) == 1
     assert sum(backend.stats.patterns.values()) > 0  # the fused compile's sites are counted either way
     (choice, t_fused, t_inductor), = json.loads(_own_cache.read_text()).values()
     assert backend.stats.graph_choices[choice] == 1 and t_fused > 0 and t_inductor > 0
 
-    # A new process (here: a new backend after Dynamo's reset) compiles the winner only and measures nothing.
+    # A new process (here: a new backend after Dynamo's reset) measures nothing; plain is compiled only if it won.
     measured.forget()
     torch._dynamo.reset()
     plain.compiles = plain.calls = 0
@@ -201,13 +207,7 @@ def test_shared_graph_across_module_instances_stays_correct_while_measured():
                 torch._dynamo.graph_break()
             return x
 
-    net = Net().eval()
-    backend = Backend()
-    fn = torch.compile(net, backend=backend)
-    with torch.no_grad():
-        for _ in range(measured.CALLS + 2):
-            x = torch.randn(3, 32)
-            torch.testing.assert_close(fn(x), net(x), rtol=1e-5, atol=1e-5)
+    backend = _compiled_calls_match_eager(Net().eval(), (3, 32), measured.CALLS + 2)
     assert backend.stats.graphs_compiled == 1
     assert sum(backend.stats.graph_choices.values()) == 1
 
