@@ -72,6 +72,31 @@ def test_calls_that_compiled_are_not_timed():
     assert len(g._times[measured.FUSED]) == len(g._times[measured.INDUCTOR]) == measured.ROUNDS
 
 
+def test_concurrent_callers_get_a_result_each_and_one_verdict():
+    """Calls from other threads while one measures run untimed (fusegraph's compile, or the winner once decided)."""
+    import threading
+
+    verdicts, outs = [], []
+    calls = []
+    g = measured.MeasuredGraph(_sleeper(0.0005, measured.FUSED, calls), _sleeper(0.0, measured.INDUCTOR, calls),
+                               torch.device("cpu"), lambda *v: verdicts.append(v), graph_id=0)
+
+    def worker():
+        for _ in range(measured.CALLS):
+            outs.append(g())
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    while g.choice is None:  # the measuring thread may not have finished the schedule
+        outs.append(g())
+    assert len(verdicts) == 1 and g.choice == measured.INDUCTOR
+    assert set(outs) <= {measured.FUSED, measured.INDUCTOR} and len(outs) >= 4 * measured.CALLS
+    assert len(g._times[measured.FUSED]) == len(g._times[measured.INDUCTOR]) == measured.ROUNDS
+
+
 def test_plain_inductor_failing_at_run_time_keeps_fusegraphs_compile():
     verdicts = []
 
