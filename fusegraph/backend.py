@@ -231,11 +231,19 @@ class Backend:
     def _compile_plain(self, gm, example_inputs):
         """The graph as plain ``torch.compile`` compiles it (Inductor's defaults: no fusegraph pass, no freezing),
         outside Dynamo's tracing context (which holds fusegraph's compile, and whose shape guards a second compile
-        must not touch), as a frozen graph's re-compile is."""
+        must not touch), as a frozen graph's re-compile is. On CPU with Inductor's C++ wrapper where fusegraph's
+        compile uses it (``config.cpp_wrapper``): the Python wrapper's per-op cost weighs most on the small graphs
+        this compile wins; where the C++ wrapper fails to compile, the Python one."""
         from torch._guards import tracing
         from torch._inductor.compile_fx import compile_fx
 
         with capture_lock(), fx_tracing_window("compile"), tracing(None):
+            if self.config.cpp_wrapper and _cpp_wrapper_fits(gm, example_inputs):
+                try:
+                    return compile_fx(gm, example_inputs, config_patches={"cpp_wrapper": True})
+                except Exception as e:
+                    log.info("fusegraph: plain Inductor compile with the C++ wrapper failed (%s: %s); "
+                             "compiling it with the Python wrapper", type(e).__name__, e)
             return compile_fx(gm, example_inputs)
 
     def _compile(self, gm, example_inputs, params: dict, *, freeze: bool, graph_id: Optional[int] = None):
@@ -271,12 +279,28 @@ class Backend:
 
     # default route, inductor=True
     def _compile_inductor(self, gm, example_inputs, job):
+        """Inductor's compile with fusegraph's pass; on CPU through Inductor's C++ wrapper (``config.cpp_wrapper``),
+        and where that fails to compile, again with its Python wrapper (logged, in ``stats.fallbacks``)."""
+        cpp = self.config.cpp_wrapper and _cpp_wrapper_fits(gm, example_inputs)
+        try:
+            return self._compile_inductor_with(gm, example_inputs, job, cpp)
+        except Exception as e:
+            if not cpp:
+                raise
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            job.note_fallback(f"Inductor's C++ wrapper failed to compile graph {job.graph_id} "
+                              f"({type(e).__name__}: {first[:200]}); compiled with its Python wrapper")
+            job.count = job.count and not job.pass_ran  # the pass already counted its sites
+            job.counts, job.lowered, job.pass_ran, job.pass_fallbacks = None, None, False, []
+            return self._compile_inductor_with(gm, example_inputs, job, False)
+
+    def _compile_inductor_with(self, gm, example_inputs, job, cpp_wrapper: bool):
         from torch._inductor.compile_fx import compile_fx
 
         fusion_pass = FusionPass(self.config, job)
         if self.config.verify:  # the post-grad graph's placeholders once Inductor froze the rest
             job.real_inputs = list(example_inputs)
-        patches = {"post_grad_custom_pre_pass": fusion_pass, "freezing": job.freeze}
+        patches = {"post_grad_custom_pre_pass": fusion_pass, "freezing": job.freeze, "cpp_wrapper": cpp_wrapper}
         with freezing.packing_policy(self.config.concat_linear):
             compiled = compile_fx(gm, example_inputs, config_patches=patches)
         if job.pass_ran:
@@ -367,6 +391,30 @@ class Backend:
         to_inductor = f"; {lowered} of them left to Inductor's code (faster there)" if lowered else ""
         return (f"fusegraph: fused {fused}; captured {captured} graph{'' if captured == 1 else 's'} "
                 f"({capture_seconds:.2f} s, {self.stats.graph_memory_bytes / 2**20:.1f} MiB){to_inductor}")
+
+
+def _cpp_wrapper_fits(gm, example_inputs) -> bool:
+    """Inductor's C++ wrapper for this graph: CPU, static shapes, every input a tensor, no collectives, no op taking
+    an ``Any`` argument. Its Python entry turns other inputs into tensors (an opaque DeviceMesh that DTensor graphs
+    keep as an input fails there at the first call); it cannot pass an ``Any`` argument to the ops it calls back in
+    Python (context parallelism's); graphs with collectives, and symbolic shapes, stay with the Python wrapper,
+    which more of Inductor is tested with."""
+    from .graph import ranks
+
+    if _input_device(example_inputs).type != "cpu" or freezing.has_symbolic_inputs(gm, example_inputs):
+        return False
+    if not all(isinstance(x, torch.Tensor) for x in example_inputs) or ranks.collective_groups(gm) != []:
+        return False
+    any_type = torch._C.AnyType.get()
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, (torch._ops.OpOverload,
+                                                                      torch._ops.OpOverloadPacket)):
+            continue
+        overloads = [node.target] if isinstance(node.target, torch._ops.OpOverload) else \
+            [getattr(node.target, name) for name in node.target.overloads()]
+        if any(a.type == any_type for op in overloads for a in op._schema.arguments):
+            return False
+    return True
 
 
 def _output_layouts(gm: torch.fx.GraphModule) -> list:

@@ -244,6 +244,11 @@ class CompilationConfig(_ConfigBase):
                                         "The compiled graph then holds a concatenated copy of those weights.")
     inductor = _Field(True, _bool, "Default route: hand the fused graph to Inductor's codegen; False: run it as "
                                    "fused aten ops (fast compile, the seed's behaviour).")
+    cpp_wrapper = _Field(True, _bool, "Inductor route on CPU: the compiled graph is driven by Inductor's C++ wrapper "
+                                      "(one C++ function calls its kernels, extern GEMMs and fusegraph's ops) instead "
+                                      "of its Python wrapper, which costs 1-3 us of Python per op and allocation "
+                                      "per call. Where the C++ wrapper fails to compile, the Python one is used "
+                                      "(logged, stats.fallbacks). Plain torch.compile uses the Python wrapper.")
     fusion_choice = _Field("auto", _choice("auto", "model", "always"),
                            "Inductor route only: 'model' keeps a fused op where it is predicted faster than "
                            "Inductor's own code for the site (fusegraph.fusion.choice's cost model, measured per "

@@ -10,8 +10,8 @@ TORCH_LIBRARY(fusegraph, m) {
   // the gradient formulas follow torch.library.register_autograd's contract, which takes tensors positionally (DESIGN §3.1).
   m.def("rms_norm(Tensor x, Tensor? weight=None, float eps=1e-06, Tensor? bias=None, *, str style=\"torch\") -> Tensor");
   m.set_python_module("fusegraph.ops.rope");
-  // interleaved is a bool; it is declared `Scalar?` so that the op itself sees and rejects None and numbers,
-  // which a `bool` argument would silently coerce (None -> False: rotate-half).
+  // interleaved is a bool; it is declared `Scalar?` so that the op itself sees and rejects None and numbers other
+  // than 0 and 1, which a `bool` argument would silently coerce (None -> False: rotate-half; 0.5 -> True).
   m.def("rope(Tensor x, Tensor cos, Tensor sin, *, Scalar? interleaved=True, int? rotary_dim=None) -> Tensor");
   m.set_python_module("fusegraph.ops.adaln");
   m.def(

@@ -70,6 +70,10 @@ int64_t check_rope_args(const at::Tensor& x, const at::Tensor& cos, const at::Te
 
 bool check_rope_interleaved(const std::optional<c10::Scalar>& interleaved) {
   if (interleaved.has_value() && interleaved->isBoolean()) return interleaved->toBool();
+  // The ints 0 and 1 too: Inductor's C++ wrapper passes a Python bool to a Scalar argument as an int.
+  if (interleaved.has_value() && interleaved->isIntegral(false) && (interleaved->toLong() == 0 || interleaved->toLong() == 1)) {
+    return interleaved->toLong() == 1;
+  }
   std::string seen = "None";
   if (interleaved.has_value()) {
     const c10::Scalar& v = *interleaved;
@@ -78,7 +82,7 @@ bool check_rope_interleaved(const std::optional<c10::Scalar>& interleaved) {
                                  : "the complex number " + c10::str(v.toComplexDouble());
   }
   TORCH_CHECK_TYPE(false, "fusegraph.rope: argument 'interleaved' is ", seen,
-                   "; expected a bool: True (interleaved pairs) or False (rotate-half)");
+                   "; expected a bool: True (interleaved pairs) or False (rotate-half), or the int 1 or 0");
 }
 
 at::Tensor rope_float64(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool interleaved,

@@ -16,8 +16,9 @@ namespace fusegraph {
 int64_t check_rope_args(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                         std::optional<int64_t> rotary_dim = std::nullopt);
 
-// `interleaved` as the schema passes it (Scalar?): its bool value; TypeError naming the argument for None or a
-// number (a `bool` schema argument would have turned None into False, i.e. rotate-half, silently).
+// `interleaved` as the schema passes it (Scalar?): its bool value, or an int 1 or 0 as True or False (Inductor's C++
+// wrapper passes a bool to a Scalar argument as an int); TypeError naming the argument for None or another number
+// (a `bool` schema argument would have turned None into False, i.e. rotate-half, and 0.5 into True, silently).
 bool check_rope_interleaved(const std::optional<c10::Scalar>& interleaved);
 
 // The float64 path (any tensor argument float64): x * cos + rot(x) * sin on x[..., :rotary_dim] with at:: ops in

@@ -75,7 +75,8 @@ class FusionPass(_PassBase):
                                                       ("choice", self.config.fusion_choice == "always", _choice_key(),
                                                        torch.get_num_threads()),
                                                       ("packing", "linear: bf16/fp16 only, conv: measured",
-                                                       self.config.concat_linear))  # freezing.py
+                                                       self.config.concat_linear),  # freezing.py
+                                                      ("cpp_wrapper", self.config.cpp_wrapper))
         return hashlib.sha256(repr((_source_hash(), opts)).encode()).hexdigest()
 
     def __deepcopy__(self, memo):  # Inductor may deep-copy its config; the pass is stateless as far as it is concerned

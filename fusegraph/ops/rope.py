@@ -22,8 +22,9 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: 
     shape and one dtype (float32 or ``x.dtype``), broadcast to ``x`` like eager (right-aligned): ``[S, D]``
     (for ``[B, H, S, D]``), ``[1, S, 1, D]``, ``[1, 1, S, D]``, ``[B, S, 1, D]``; slices of bigger tables are
     read in place. Math in float32, rounded once to ``x.dtype``; the output is contiguous with ``x``'s shape.
-    Equals ``(x.float() * cos + rot(x).float() * sin).to(x.dtype)``. ``interleaved`` must be a bool: None or a
-    number raises TypeError (a plain ``bool`` schema argument would have read None as False, rotate-half).
+    Equals ``(x.float() * cos + rot(x).float() * sin).to(x.dtype)``. ``interleaved`` must be a bool (or the int 1
+    or 0, the form Inductor's C++ wrapper passes a bool in): None or another number raises TypeError (a plain
+    ``bool`` schema argument would have read None as False, rotate-half).
 
     ``rotary_dim`` (partial rotary, MiniMax-H3, Ernie-Image, Stable Audio 3): only ``x[..., :rotary_dim]`` is
     rotated as above (for rotate-half, :math:`h = \text{rotary\_dim}/2`, the halves of that part) and
@@ -103,9 +104,12 @@ def check_rope_args(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotar
 
 
 def check_rope_interleaved(interleaved) -> bool:
-    """As csrc/ops/rope.cpp check_rope_interleaved: a bool, else TypeError with the same message."""
+    """As csrc/ops/rope.cpp check_rope_interleaved: a bool, or the int 1 or 0 (Inductor's C++ wrapper passes a bool
+    to a Scalar argument as an int), else TypeError with the same message."""
     if isinstance(interleaved, bool):
         return interleaved
+    if isinstance(interleaved, int) and interleaved in (0, 1):
+        return interleaved == 1
     if interleaved is None:
         seen = "None"
     elif isinstance(interleaved, int):
@@ -115,7 +119,7 @@ def check_rope_interleaved(interleaved) -> bool:
     else:
         seen = f"the {type(interleaved).__name__} {interleaved!r}"
     raise TypeError(f"fusegraph.rope: argument 'interleaved' is {seen}; "
-                    "expected a bool: True (interleaved pairs) or False (rotate-half)")
+                    "expected a bool: True (interleaved pairs) or False (rotate-half), or the int 1 or 0")
 
 
 @torch.library.register_fake("fusegraph::rope")

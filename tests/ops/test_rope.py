@@ -292,15 +292,29 @@ def test_rotary_dim_must_be_an_int():
 
 
 @pytest.mark.parametrize("device", ["cpu", "meta"])  # meta: the fake kernel, same message
-@pytest.mark.parametrize("value,seen", [(None, "None"), (1, "the int 1"), (0, "the int 0"), (0.5, "the float 0.5")])
+@pytest.mark.parametrize("value,seen", [(None, "None"), (2, "the int 2"), (-1, "the int -1"), (0.5, "the float 0.5")])
 def test_interleaved_must_be_a_bool(value, seen, device):
-    """None used to mean rotate-half (a bool schema argument coerces None to False), 0/1/0.5 their truth value."""
+    """None used to mean rotate-half (a bool schema argument coerces None to False), 2/0.5 their truth value."""
     x, cs = torch.ones(x4, device=device), torch.ones(1, S, 1, 8, device=device)
     message = f"fusegraph.rope: argument 'interleaved' is {seen}; expected a bool: True (interleaved pairs) or False"
     with pytest.raises(TypeError, match=message.replace("(", r"\(").replace(")", r"\)")):
         fusegraph.ops.rope(x, cs, cs, interleaved=value)
     with pytest.raises(TypeError, match="argument 'interleaved' is"):
         torch.ops.fusegraph.rope(x, cs, cs, interleaved=value)
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_interleaved_int_one_and_zero_are_true_and_false(device):
+    """Inductor's C++ wrapper passes a bool to the Scalar argument as the int 1 or 0: both are taken as the bool."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(x4, generator=g).to(device)
+    cs = torch.randn(1, S, 1, 8, generator=g).to(device)
+    for as_int, as_bool in ((1, True), (0, False)):
+        got = torch.ops.fusegraph.rope(x, cs, cs, interleaved=as_int)
+        want = torch.ops.fusegraph.rope(x, cs, cs, interleaved=as_bool)
+        if device == "cpu":
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+        assert got.shape == want.shape
 
 
 def test_interleaved_non_number_is_rejected_by_the_dispatcher():
