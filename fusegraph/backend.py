@@ -15,6 +15,7 @@ once and counted in ``stats.fallbacks``.
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import itertools
 import logging
@@ -240,7 +241,8 @@ class Backend:
         with capture_lock(), fx_tracing_window("compile"), tracing(None):
             if self.config.cpp_wrapper and _cpp_wrapper_fits(gm, example_inputs):
                 try:
-                    return compile_fx(gm, example_inputs, config_patches={"cpp_wrapper": True})
+                    with _refuse_proxy_executor(True):
+                        return compile_fx(gm, example_inputs, config_patches={"cpp_wrapper": True})
                 except Exception as e:
                     log.info("fusegraph: plain Inductor compile with the C++ wrapper failed (%s: %s); "
                              "compiling it with the Python wrapper", type(e).__name__, e)
@@ -287,9 +289,12 @@ class Backend:
         except Exception as e:
             if not cpp:
                 raise
-            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            job.note_fallback(f"Inductor's C++ wrapper failed to compile graph {job.graph_id} "
-                              f"({type(e).__name__}: {first[:200]}); compiled with its Python wrapper")
+            if isinstance(e, _ProxyExecutorOps):
+                log.info("fusegraph: graph %d: %s; compiled with Inductor's Python wrapper", job.graph_id, e)
+            else:
+                first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                job.note_fallback(f"Inductor's C++ wrapper failed to compile graph {job.graph_id} "
+                                  f"({type(e).__name__}: {first[:200]}); compiled with its Python wrapper")
             job.count = job.count and not job.pass_ran  # the pass already counted its sites
             job.counts, job.lowered, job.pass_ran, job.pass_fallbacks = None, None, False, []
             return self._compile_inductor_with(gm, example_inputs, job, False)
@@ -301,7 +306,7 @@ class Backend:
         if self.config.verify:  # the post-grad graph's placeholders once Inductor froze the rest
             job.real_inputs = list(example_inputs)
         patches = {"post_grad_custom_pre_pass": fusion_pass, "freezing": job.freeze, "cpp_wrapper": cpp_wrapper}
-        with freezing.packing_policy(self.config.concat_linear):
+        with freezing.packing_policy(self.config.concat_linear), _refuse_proxy_executor(cpp_wrapper):
             compiled = compile_fx(gm, example_inputs, config_patches=patches)
         if job.pass_ran:
             fusion_pass.after_compile(gm, example_inputs, job.freeze)  # stores the record
@@ -391,6 +396,45 @@ class Backend:
         to_inductor = f"; {lowered} of them left to Inductor's code (faster there)" if lowered else ""
         return (f"fusegraph: fused {fused}; captured {captured} graph{'' if captured == 1 else 's'} "
                 f"({capture_seconds:.2f} s, {self.stats.graph_memory_bytes / 2**20:.1f} MiB){to_inductor}")
+
+
+class _ProxyExecutorOps(RuntimeError):
+    """The C++ wrapper would call aten ops through its proxy executor (ops without a C shim)."""
+
+
+class _ProxyExecutorFilter(logging.Filter):
+    """Notes (and drops) Inductor's warning that an aten op has no C shim, so the C++ wrapper would call it through
+    its proxy executor."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list = []
+
+    def filter(self, record) -> bool:
+        if "missing a c-shim implementation" in str(record.msg):
+            self.ops.append(str(record.args[0]) if record.args else "?")
+            return False
+        return True
+
+
+@contextlib.contextmanager
+def _refuse_proxy_executor(active: bool):
+    """Inside a C++-wrapper compile: raises _ProxyExecutorOps after it when any aten op would go through the proxy
+    executor. That path of the JIT C++ wrapper crashed the process (SIGSEGV at the first call of Z-Image's graph,
+    whose select_scatter / full / select / unsqueeze have no C shim), so such graphs keep the Python wrapper."""
+    if not active:
+        yield
+        return
+    ir_log = logging.getLogger("torch._inductor.ir")
+    seen = _ProxyExecutorFilter()
+    ir_log.addFilter(seen)
+    try:
+        yield
+    finally:
+        ir_log.removeFilter(seen)
+    if seen.ops:
+        names = ", ".join(sorted(set(seen.ops)))
+        raise _ProxyExecutorOps(f"aten ops without a C shim for Inductor's C++ wrapper ({names})")
 
 
 def _cpp_wrapper_fits(gm, example_inputs) -> bool:

@@ -142,3 +142,34 @@ def test_graphs_the_cpp_wrapper_cannot_run_keep_the_python_wrapper():
         assert not backend_mod._cpp_wrapper_fits(graph_of(target, None), [x])
     collective = graph_of(torch.ops._c10d_functional.all_reduce.default, "sum", "0")
     assert not backend_mod._cpp_wrapper_fits(collective, [x])
+
+
+class ComplexRope(nn.Module):
+    """Z-Image's complex RoPE ends in aten ops the C++ wrapper has no C shim for (select_scatter on a complex
+    tensor among them): it would call them through its proxy executor, the path that crashed the process."""
+
+    def forward(self, x, freqs):
+        xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2)) * freqs.unsqueeze(0)
+        xc = xc.select_scatter(xc[:, 0] * 2, 1, 0)  # complex: an aten fallback inside Inductor's code
+        return torch.view_as_real(xc).flatten(-2) + 1
+
+
+def test_graphs_with_ops_without_a_c_shim_keep_the_python_wrapper(monkeypatch, caplog):
+    torch._dynamo.reset()
+    seen = _wrapper_seen(monkeypatch)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, 8, generator=g)
+    freqs = torch.polar(torch.ones(5, 4), torch.randn(5, 4, generator=g))
+    model = ComplexRope()
+    backend = fusegraph.Backend({"fusion_choice": "always"})
+    with torch.no_grad(), caplog.at_level("INFO", logger="fusegraph"), \
+            torch._inductor.config.patch(force_disable_caches=True):
+        out = torch.compile(model, backend=backend)(x, freqs)
+    torch.testing.assert_close(out, model(x, freqs), rtol=1e-5, atol=1e-5)
+    from torchgen.aoti.fallback_ops import inductor_fallback_ops
+
+    if "aten.select_scatter.default" in inductor_fallback_ops:
+        pytest.skip("this torch has a C shim for select_scatter")
+    assert seen == [True, False]
+    assert "without a C shim for Inductor's C++ wrapper" in caplog.text
+    assert backend.stats.fallbacks == {}  # a choice, not a failure
