@@ -24,6 +24,7 @@ import time
 from typing import Optional
 
 import torch
+import torch.utils._pytree as pytree
 
 from . import freezing
 from .config import CompilationConfig
@@ -439,10 +440,12 @@ def _refuse_proxy_executor(active: bool):
 
 def _cpp_wrapper_fits(gm, example_inputs) -> bool:
     """Inductor's C++ wrapper for this graph: CPU, static shapes, every input a tensor, no collectives, no op taking
-    an ``Any`` argument. Its Python entry turns other inputs into tensors (an opaque DeviceMesh that DTensor graphs
-    keep as an input fails there at the first call); it cannot pass an ``Any`` argument to the ops it calls back in
-    Python (context parallelism's); graphs with collectives, and symbolic shapes, stay with the Python wrapper,
-    which more of Inductor is tested with."""
+    an ``Any`` argument, no complex tensor. Its Python entry turns other inputs into tensors (an opaque DeviceMesh
+    that DTensor graphs keep as an input fails there at the first call); it cannot pass an ``Any`` argument to the
+    ops it calls back in Python (context parallelism's); graphs with collectives, and symbolic shapes, stay with
+    the Python wrapper, which more of Inductor is tested with. Inductor generates no code for complex ops: they
+    stay aten calls, several without a C shim (``_conj``), which :func:`_refuse_proxy_executor` would refuse only
+    after a whole compile."""
     from .graph import ranks
 
     if _input_device(example_inputs).type != "cpu" or freezing.has_symbolic_inputs(gm, example_inputs):
@@ -451,6 +454,9 @@ def _cpp_wrapper_fits(gm, example_inputs) -> bool:
         return False
     any_type = torch._C.AnyType.get()
     for node in gm.graph.nodes:
+        val = node.meta.get("example_value", node.meta.get("val"))
+        if any(isinstance(v, torch.Tensor) and v.dtype.is_complex for v in pytree.tree_leaves(val)):
+            return False
         if node.op != "call_function" or not isinstance(node.target, (torch._ops.OpOverload,
                                                                       torch._ops.OpOverloadPacket)):
             continue
