@@ -6,6 +6,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BUILD_DIR ?= build
 JOBS ?= 2
+# pytest runs in $(JOBS) worker processes (pytest-xdist), each on one OpenMP thread: two 2-thread teams on two cores
+# stall each other. Tests that check the kernels' split between threads set their own count (tests/helpers.py).
+PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -n $(JOBS)
 DEPS_STAMP := $(VENV)/.fusegraph-deps
 
 .PHONY: all demo test test-zoo build venv system-deps cpp-test pytest bench wheel wheel-check device-wheels clean
@@ -45,15 +48,15 @@ cpp-test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)
 
 pytest: build
-	$(PY) -m pytest tests
+	$(PYTEST) tests
 
 # wheel-check before pytest: pytest's summary stays the last line.
 test: cpp-test wheel-check
-	$(PY) -m pytest tests
+	$(PYTEST) tests
 
 # The full model zoo (tests/zoo): every diffusers transformer class on every route; `make test` runs its fast tier.
 test-zoo: build
-	FUSEGRAPH_ZOO=full $(PY) -m pytest tests/zoo
+	FUSEGRAPH_ZOO=full $(PYTEST) tests/zoo
 
 demo: build
 	$(PY) -m fusegraph demo

@@ -1,4 +1,6 @@
 """Shared test helpers: dtypes, reference comparison, non-contiguous views."""
+import contextlib
+
 import torch
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -15,6 +17,18 @@ def assert_close_to_reference(out: torch.Tensor, ref64: torch.Tensor, **kw) -> N
     tol = FP32_TOL if out.dtype == torch.float32 else {}
     tol.update(kw)
     torch.testing.assert_close(out, expected, **tol)
+
+
+@contextlib.contextmanager
+def threads(n: int):
+    """``torch.set_num_threads(n)`` inside the block: the kernels' split between threads is exercised whatever the
+    process was started with (``make test`` runs its workers with OMP_NUM_THREADS=1)."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
 
 
 def randn(*shape, dtype=torch.float32, scale=1.0, offset=0.0):

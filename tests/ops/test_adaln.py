@@ -3,7 +3,7 @@ import torch
 from diffusers.models.normalization import AdaLayerNormZero, LuminaLayerNormContinuous, LuminaRMSNormZero, RMSNorm
 
 import fusegraph
-from tests.helpers import DTYPES, assert_close_to_reference, randn, strided_copy
+from tests.helpers import DTYPES, assert_close_to_reference, randn, strided_copy, threads
 from tests.references import adaln_ref
 
 # Row lengths: 1, odd, not a multiple of any vector width, a model width, and the largest we promise.
@@ -163,14 +163,11 @@ def test_empty():
 def test_bitwise_deterministic_across_runs_and_threads(dtype):
     x = randn(7, 300, 3072 + 5, dtype=dtype)
     scale, shift = chunked_modulation(7, 3072 + 5, dtype)
-    first = fusegraph.ops.adaln(x, scale, shift)
-    assert torch.equal(first, fusegraph.ops.adaln(x, scale, shift))
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    with threads(4):
+        first = fusegraph.ops.adaln(x, scale, shift)
         assert torch.equal(first, fusegraph.ops.adaln(x, scale, shift))
-    finally:
-        torch.set_num_threads(threads)
+    with threads(1):
+        assert torch.equal(first, fusegraph.ops.adaln(x, scale, shift))
 
 
 def test_opcheck():
@@ -461,13 +458,10 @@ def test_variants_bitwise_deterministic_across_threads(norm, has_shift):
     x = randn(7, 300, 3072 + 5, dtype=torch.bfloat16)
     scale, shift = chunked_modulation(7, 3072 + 5, torch.bfloat16)
     shift = shift if has_shift else None
-    first = fusegraph.ops.adaln(x, scale, shift, norm=norm)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    with threads(4):
+        first = fusegraph.ops.adaln(x, scale, shift, norm=norm)
+    with threads(1):
         assert torch.equal(first, fusegraph.ops.adaln(x, scale, shift, norm=norm))
-    finally:
-        torch.set_num_threads(threads)
 
 
 def test_variants_opcheck():

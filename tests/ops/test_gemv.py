@@ -4,7 +4,8 @@ import torch
 import torch.nn.functional as F
 
 import fusegraph
-from tests.helpers import DTYPES, assert_close_to_reference, assert_error_names, randn, run_under_cpu_capabilities
+from tests.helpers import (
+    DTYPES, assert_close_to_reference, assert_error_names, randn, run_under_cpu_capabilities, threads)
 
 op = fusegraph.ops.gemv
 
@@ -17,13 +18,15 @@ def reference(x, w, b=None):
     return F.linear(x.double(), w.double(), None if b is None else b.double())
 
 
+@pytest.mark.parametrize("nthreads", [1, 4])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_matches_float64_reference(dtype, shape):
+def test_matches_float64_reference(dtype, shape, nthreads):
     M, N, K, has_bias = shape
     x, w = randn(M, K, dtype=dtype), randn(N, K, dtype=dtype, scale=K ** -0.5)
     b = randn(N, dtype=dtype) if has_bias else None
-    out = op(x, w, b)
+    with threads(nthreads):  # (1536, 512): blocks of rows split between the threads
+        out = op(x, w, b)
     assert out.shape == (M, N) and out.is_contiguous() and out.dtype == dtype
     assert_close_to_reference(out, reference(x, w, b))
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import fusegraph
-from tests.helpers import DTYPES, assert_close_to_reference, randn, run_under_cpu_capabilities, strided_copy
+from tests.helpers import DTYPES, assert_close_to_reference, randn, run_under_cpu_capabilities, strided_copy, threads
 
 
 def rand(shape, dtype=torch.float32):
@@ -152,14 +152,11 @@ def test_empty(shapes):
 def test_bitwise_deterministic():
     y, res = randn(2, 1024, 3072, dtype=torch.bfloat16), randn(2, 1024, 3072, dtype=torch.bfloat16)
     gate = gate_view(2, 3072, torch.bfloat16)
-    first = fusegraph.ops.mul_add(y, gate, res)
-    assert torch.equal(first, fusegraph.ops.mul_add(y, gate, res))
-    threads = torch.get_num_threads()
-    try:  # the element split between threads never changes a result
-        torch.set_num_threads(1)
+    with threads(4):
+        first = fusegraph.ops.mul_add(y, gate, res)
         assert torch.equal(first, fusegraph.ops.mul_add(y, gate, res))
-    finally:
-        torch.set_num_threads(threads)
+    with threads(1):  # the element split between threads never changes a result
+        assert torch.equal(first, fusegraph.ops.mul_add(y, gate, res))
     a = randn(1024, 1, dtype=torch.float16)
     assert torch.equal(fusegraph.ops.mul_add(a, gate[0], res[0]), fusegraph.ops.mul_add(a, gate[0], res[0]))
 

@@ -6,7 +6,7 @@ from diffusers.models.normalization import RMSNorm as DiffusersRMSNorm
 
 import fusegraph
 from fusegraph.ops.rms_norm import rms_norm_out_dtype
-from tests.helpers import DTYPES, assert_close_to_reference, randn, strided_copy
+from tests.helpers import DTYPES, assert_close_to_reference, randn, strided_copy, threads
 from tests.references import rms_norm_ref, rms_norm_tol
 
 EPS_FP32 = 9.999999974752427e-07  # 1e-6 as it arrives from a model: rounded to float32
@@ -132,14 +132,11 @@ def test_empty():
 def test_bitwise_deterministic_across_runs_and_threads(dtype):
     x = randn(7, 300, 3072 + 5, dtype=dtype)
     w = randn(3072 + 5, dtype=dtype)
-    first = fusegraph.ops.rms_norm(x, w)
-    assert torch.equal(first, fusegraph.ops.rms_norm(x, w))
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    with threads(4):
+        first = fusegraph.ops.rms_norm(x, w)
         assert torch.equal(first, fusegraph.ops.rms_norm(x, w))
-    finally:
-        torch.set_num_threads(threads)
+    with threads(1):
+        assert torch.equal(first, fusegraph.ops.rms_norm(x, w))
 
 
 def test_opcheck():

@@ -4,7 +4,7 @@ import torch
 from diffusers.models.embeddings import apply_rotary_emb
 
 import fusegraph
-from tests.helpers import DTYPES, assert_close_to_reference, randn, run_under_cpu_capabilities, strided_copy
+from tests.helpers import DTYPES, assert_close_to_reference, randn, run_under_cpu_capabilities, strided_copy, threads
 from tests.references import rope_ref, wan_rope
 
 B, S, H = 2, 9, 3
@@ -190,14 +190,11 @@ def test_bitwise_deterministic():
     x = randn(2, 512, 8, 128, dtype=torch.bfloat16)
     cos, sin = tables((1, 512, 1, 128))
     for interleaved in (True, False):
-        first = fusegraph.ops.rope(x, cos, sin, interleaved=interleaved)
-        assert torch.equal(first, fusegraph.ops.rope(x, cos, sin, interleaved=interleaved))
-        threads = torch.get_num_threads()
-        try:  # the row split between threads never changes a result
-            torch.set_num_threads(1)
+        with threads(4):
+            first = fusegraph.ops.rope(x, cos, sin, interleaved=interleaved)
             assert torch.equal(first, fusegraph.ops.rope(x, cos, sin, interleaved=interleaved))
-        finally:
-            torch.set_num_threads(threads)
+        with threads(1):  # the row split between threads never changes a result
+            assert torch.equal(first, fusegraph.ops.rope(x, cos, sin, interleaved=interleaved))
 
 
 def test_opcheck():
