@@ -10,9 +10,10 @@ from tests.helpers import (
 
 op = fusegraph.ops.kv_attention
 
-# (B, H, Lq, cached, added, D, Dv)
+# (B, H, Lq, cached, added, D, Dv); head dims up to 4 blocks of 2 float32 vectors run with q and the output in
+# registers (128 with AVX512), longer ones through a scratch row: (1, 2, 1, 9, 3, 160, 200) and (.., 129, 40)
 SHAPES = [(1, 8, 1, 128, 1, 64, 64), (2, 3, 3, 17, 2, 37, 19), (1, 1, 1, 0, 5, 8, 8), (1, 2, 2, 7, 0, 33, 65),
-          (3, 2, 8, 100, 4, 128, 96), (1, 1, 1, 1, 1, 1, 1)]
+          (3, 2, 8, 100, 4, 128, 96), (1, 1, 1, 1, 1, 1, 1), (1, 2, 1, 9, 3, 160, 200), (2, 1, 2, 6, 1, 129, 40)]
 
 
 def make(B, H, Lq, Lc, Ln, D, Dv, dtype, scale=1.0):
@@ -44,6 +45,18 @@ def test_explicit_scale_and_peaked_scores(dtype):
     args = make(2, 4, 1, 33, 1, 16, 16, dtype=dtype, scale=4.0)
     for scale in (0.01, 1.0, 30.0):
         assert_close_to_reference(op(*args, scale=scale), reference(*args, scale=scale))
+
+
+@pytest.mark.parametrize("D", [64, 160], ids=["registers", "scratch"])
+@pytest.mark.parametrize("where", ["cache_key", "new_key", "cache_value"])
+def test_nan_propagates_like_the_reference(where, D):
+    """A NaN score (in the vectorised part of the row's max or its scalar tail) or a NaN value row makes that
+    row's output NaN, as in the reference; the other rows stay finite and exact."""
+    q, kc, kn, vc, vn = make(1, 3, 1, 128, 1, D, D, dtype=torch.float32)
+    {"cache_key": kc, "new_key": kn, "cache_value": vc}[where][0, 1, 0, 5] = float("nan")
+    out, ref = op(q, kc, kn, vc, vn), reference(q, kc, kn, vc, vn)
+    assert ref[0, 1].isnan().all() if where != "cache_value" else ref[0, 1, :, 5].isnan().all()
+    torch.testing.assert_close(out, ref.float(), rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
