@@ -1,12 +1,15 @@
 #include "graph/host_graph.h"
 
 #include <ATen/core/stack.h>
+#include <ATen/ops/as_strided.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include <algorithm>
 #include <chrono>
 #include <limits>
 #include <optional>
+#include <unordered_set>
 #include <c10/util/Exception.h>
 
 namespace fusegraph::graph {
@@ -38,7 +41,7 @@ int32_t HostGraph::add_node(const c10::OperatorHandle& op, std::vector<ArgTempla
       }
     }
   }
-  Instruction ins{op, std::move(args), num_slots_, static_cast<int32_t>(schema.returns().size()), {}, ""};
+  Instruction ins{op, std::move(args), num_slots_, static_cast<int32_t>(schema.returns().size()), {}, "", nullptr};
   ins.name = schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
   max_args_ = std::max(max_args_, std::max(ins.args.size(), static_cast<size_t>(ins.num_outputs)));
   num_slots_ += ins.num_outputs;
@@ -63,7 +66,157 @@ void HostGraph::hold_constant(const at::Tensor& t) {
   if (t.has_storage()) constant_storages_.insert(t.storage().unsafeGetStorageImpl());
 }
 
+namespace {
+
+// View ops whose result's storage offset is the viewed tensor's plus a constant, for a given geometry of the
+// viewed tensor and given constant arguments (not as_strided: its offset is absolute; not view.dtype).
+const std::unordered_set<std::string>& foldable_view_ops() {
+  static const std::unordered_set<std::string> ops{
+      "aten::view",        "aten::permute",       "aten::transpose.int", "aten::t",
+      "aten::expand",      "aten::slice.Tensor",  "aten::select.int",    "aten::unsqueeze",
+      "aten::squeeze",     "aten::squeeze.dim",   "aten::squeeze.dims",  "aten::alias",
+      "aten::narrow",      "aten::diagonal",      "aten::unfold",        "aten::split.Tensor",
+      "aten::split_with_sizes", "aten::chunk",    "aten::unbind.int"};
+  return ops;
+}
+
+// A view op of the list above whose only non-constant argument is the tensor it views (its first).
+bool is_foldable_view(const Instruction& ins) {
+  if (ins.views || ins.num_outputs != 1 || ins.args.empty() || foldable_view_ops().count(ins.name) == 0) return false;
+  if (ins.args[0].kind != ArgTemplate::Kind::Ref) return false;
+  return std::all_of(ins.args.begin() + 1, ins.args.end(),
+                     [](const ArgTemplate& a) { return a.kind == ArgTemplate::Kind::Constant; });
+}
+
+bool returns_one_tensor(const Instruction& ins) {
+  return ins.op.schema().returns()[0].type()->kind() == c10::TypeKind::TensorType;
+}
+
+}  // namespace
+
+void HostGraph::fold_view_chains() {
+  const int32_t n = static_cast<int32_t>(instructions_.size());
+  std::vector<int32_t> producer(num_slots_, -1);
+  for (int32_t i = 0; i < n; ++i) {
+    for (int32_t r = 0; r < instructions_[i].num_outputs; ++r) producer[instructions_[i].first_output_slot + r] = i;
+  }
+  std::vector<bool> foldable(n);
+  for (int32_t i = 0; i < n; ++i) foldable[i] = is_foldable_view(instructions_[i]);
+  // needed: a view whose result something other than a dropped or folded view reads (a non-view op, the output,
+  // or a view kept as it is: one returning a list that a non-view op reads whole or by element)
+  std::vector<bool> needed(n, false), kept(n, false);
+  std::vector<std::vector<int32_t>> readers(num_slots_);
+  auto note = [&](const ValueRef& r, int32_t reader) { readers[r.slot].push_back(reader); };
+  for (int32_t i = 0; i < n; ++i) {
+    for (const auto& a : instructions_[i].args) {
+      if (a.kind == ArgTemplate::Kind::Ref) note(a.ref, i);
+      for (const auto& e : a.elements) {
+        if (e.is_ref) note(e.ref, i);
+      }
+    }
+  }
+  for (const auto& o : outputs_) {
+    if (o.kind == ArgTemplate::Kind::Ref) note(o.ref, n);  // n: the output
+  }
+  for (int32_t i = n - 1; i >= 0; --i) {  // readers come after their producers: decided before them
+    if (!foldable[i]) continue;
+    const auto& ins = instructions_[i];
+    for (int32_t r = 0; r < ins.num_outputs && !needed[i]; ++r) {
+      for (int32_t reader : readers[ins.first_output_slot + r]) {
+        if (reader == n || !foldable[reader] || kept[reader]) {
+          needed[i] = true;
+          break;
+        }
+      }
+    }
+    kept[i] = needed[i] && !returns_one_tensor(ins);
+  }
+  std::vector<Instruction> out;
+  out.reserve(n);
+  for (int32_t i = 0; i < n; ++i) {
+    if (!foldable[i] || kept[i]) {
+      out.push_back(instructions_[i]);
+      continue;
+    }
+    if (!needed[i]) continue;  // only folded views read it: dropped
+    // the chain back to its root: the first value not computed by a folded view
+    std::vector<int32_t> chain{i};
+    for (;;) {
+      const int32_t p = producer[instructions_[chain.back()].args[0].ref.slot];
+      if (p < 0 || !foldable[p] || kept[p]) break;
+      chain.push_back(p);
+    }
+    std::reverse(chain.begin(), chain.end());
+    auto views = std::make_shared<ViewChain>();
+    for (int32_t c : chain) {
+      views->steps.push_back(instructions_[c]);
+      views->steps.back().release.clear();
+      views->items.push_back(instructions_[c].args[0].ref.item);
+    }
+    // the folded instruction's one argument: the first step's reference (an element of a kept list, or a value)
+    Instruction folded = instructions_[i];
+    folded.args = {instructions_[chain.front()].args[0]};
+    views->items[0] = -1;  // the first step views what that reference gives
+    folded.views = std::move(views);
+    out.push_back(std::move(folded));
+  }
+  instructions_ = std::move(out);
+}
+
+size_t HostGraph::num_view_chains() const {
+  return std::count_if(instructions_.begin(), instructions_.end(), [](const Instruction& i) { return i.views; });
+}
+
+size_t HostGraph::num_views_folded() const {
+  size_t total = 0;
+  for (const auto& i : instructions_) total += i.views ? i.views->steps.size() : 0;
+  return total;
+}
+
+at::Tensor HostGraph::run_view_chain(const Instruction& ins, const std::vector<c10::IValue>& slots) const {
+  ViewChain& chain = *ins.views;
+  c10::IValue scratch;
+  const c10::IValue& root_value = deref(ins.args[0].ref, slots, scratch);
+  TORCH_CHECK(root_value.isTensor(), "fusegraph host graph: ", chain.steps.front().name, " views a value that is not "
+              "a tensor");
+  const at::Tensor& root = root_value.toTensor();
+  const ViewMemo* memo = chain.memo.load(std::memory_order_acquire);
+  if (memo != nullptr && root.scalar_type() == memo->dtype && root.sizes() == c10::IntArrayRef(memo->root_sizes) &&
+      root.strides() == c10::IntArrayRef(memo->root_strides)) {
+    return at::as_strided(root, memo->sizes, memo->strides, root.storage_offset() + memo->offset_delta);
+  }
+  // the ops themselves, root first
+  c10::IValue current = root;
+  torch::jit::Stack stack;
+  for (size_t k = 0; k < chain.steps.size(); ++k) {
+    const Instruction& step = chain.steps[k];
+    stack.clear();
+    const int32_t item = chain.items[k];
+    if (item < 0) {
+      stack.push_back(std::move(current));
+    } else {
+      TORCH_CHECK(current.isList(), "fusegraph host graph: getitem on a value that is not a list");
+      stack.push_back(current.toListRef().at(item));
+    }
+    for (size_t a = 1; a < step.args.size(); ++a) stack.push_back(step.args[a].constant);
+    step.op.callBoxed(stack);
+    TORCH_CHECK(stack.size() == 1, "fusegraph host graph: ", step.name, " returned ", stack.size(), " values");
+    current = std::move(stack[0]);
+  }
+  at::Tensor result = current.toTensor();
+  if (memo == nullptr && result.has_storage() && root.has_storage() && result.dtype() == root.dtype() &&
+      result.storage().is_alias_of(root.storage())) {
+    auto* m = new ViewMemo{root.scalar_type(), root.sizes().vec(), root.strides().vec(), result.sizes().vec(),
+                           result.strides().vec(), result.storage_offset() - root.storage_offset()};
+    const ViewMemo* expected = nullptr;
+    if (!chain.memo.compare_exchange_strong(expected, m, std::memory_order_release)) delete m;
+  }
+  return result;
+}
+
 void HostGraph::finalize() {
+  TORCH_CHECK(!finalized_, "fusegraph host graph: finalize called twice");
+  fold_view_chains();
   // last use of every slot: an instruction index, or "never release" for graph outputs
   const int32_t kKeep = std::numeric_limits<int32_t>::max();
   std::vector<int32_t> last_use(num_slots_, -1);
@@ -154,12 +307,17 @@ std::vector<c10::IValue> HostGraph::run_impl(const std::vector<at::Tensor>& inpu
   for (size_t i = 0; i < instructions_.size(); ++i) {
     const Instruction& ins = instructions_[i];
     stack.clear();
-    for (const auto& a : ins.args) stack.push_back(materialize(a, slots));
-    if (seconds) {
+    if (ins.views) {  // a folded view chain: one tensor
+      auto t0 = seconds ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
+      stack.push_back(run_view_chain(ins, slots));
+      if (seconds) (*seconds)[i] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    } else if (seconds) {
+      for (const auto& a : ins.args) stack.push_back(materialize(a, slots));
       auto t0 = std::chrono::steady_clock::now();
       ins.op.callBoxed(stack);
       (*seconds)[i] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     } else {
+      for (const auto& a : ins.args) stack.push_back(materialize(a, slots));
       ins.op.callBoxed(stack);
     }
     TORCH_CHECK(static_cast<int32_t>(stack.size()) == ins.num_outputs, "fusegraph host graph: ", ins.name,

@@ -8,6 +8,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 
+#include <atomic>
+#include <memory>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -38,13 +40,34 @@ struct ArgTemplate {
   std::vector<ElementTemplate> elements;  // List
 };
 
+struct ViewChain;
+
 struct Instruction {
   c10::OperatorHandle op;
-  std::vector<ArgTemplate> args;  // one per schema argument, defaults filled in
+  std::vector<ArgTemplate> args;  // one per schema argument, defaults filled in (a folded chain: its root)
   int32_t first_output_slot = 0;  // returns go to consecutive slots
   int32_t num_outputs = 0;
   std::vector<int32_t> release;   // slots whose last use is this instruction
   std::string name;               // "aten::add.Tensor", for errors
+  std::shared_ptr<ViewChain> views;  // non-null: a folded view chain ending in `op`
+};
+
+// The geometry a folded view chain produced from its root once: replayed as one as_strided of the root when the
+// root has the same dtype, sizes and strides again (any storage offset: the chain's views only add to it).
+struct ViewMemo {
+  c10::ScalarType dtype;
+  std::vector<int64_t> root_sizes, root_strides, sizes, strides;
+  int64_t offset_delta = 0;
+};
+
+// A chain of view ops (view, permute, split + getitem, ...; every argument but the viewed tensor a constant)
+// folded into one instruction: the tensor the last op returns, computed from the chain's root. The first run, and
+// any run whose root has another geometry, calls the chain's ops; the others replay the memo (ViewMemo).
+struct ViewChain {
+  std::vector<Instruction> steps;  // the original ops, root side first; each views the previous step's result
+  std::vector<int32_t> items;      // per step: the element of the previous (list) result it views, or -1
+  std::atomic<const ViewMemo*> memo{nullptr};  // set once (the first run that can be memoised), then read-only
+  ~ViewChain() { delete memo.load(); }
 };
 
 class HostGraph final : public Executable {
@@ -55,7 +78,8 @@ class HostGraph final : public Executable {
   // Returns the first slot of the node's results; throws when the op or an argument cannot be represented.
   int32_t add_node(const c10::OperatorHandle& op, std::vector<ArgTemplate> args);
   void set_outputs(std::vector<ArgTemplate> outputs);  // Constant or Ref templates
-  void finalize();  // computes the release lists; call once after set_outputs
+  // Folds view chains (fold_view_chains), then computes the release lists; call once after set_outputs.
+  void finalize();
   void hold_constant(const at::Tensor& t);  // a tensor the graph keeps alive (frozen weights)
 
   std::vector<c10::IValue> run(const std::vector<at::Tensor>& inputs) override;
@@ -68,6 +92,9 @@ class HostGraph final : public Executable {
   bool needs_clone(const at::Tensor& t) const override;
 
   size_t num_instructions() const { return instructions_.size(); }
+  // Instructions that are folded view chains, and the view ops they replaced (after finalize).
+  size_t num_view_chains() const;
+  size_t num_views_folded() const;
   int64_t constant_bytes() const { return storage_bytes(constants_); }
   int32_t num_inputs() const { return num_inputs_; }
 
@@ -76,6 +103,10 @@ class HostGraph final : public Executable {
                                     double* release_seconds);
   c10::IValue materialize(const ArgTemplate& a, const std::vector<c10::IValue>& slots) const;
   static const c10::IValue& deref(const ValueRef& r, const std::vector<c10::IValue>& slots, c10::IValue& scratch);
+  // Each view op whose result only other view ops read is dropped; each one a non-view op or the output reads
+  // becomes one instruction computing it from the chain's root (ViewChain).
+  void fold_view_chains();
+  at::Tensor run_view_chain(const Instruction& ins, const std::vector<c10::IValue>& slots) const;
 
   int32_t num_inputs_;
   int32_t num_slots_;

@@ -408,6 +408,10 @@ void bind_graph(py::module_& m) {
            "run() that also returns each instruction's own seconds (its callBoxed) and the seconds spent "
            "releasing dead values (tensor frees): (outputs, seconds, release_seconds)")
       .def_property_readonly("num_instructions", &fg::HostGraph::num_instructions)
+      .def_property_readonly("num_view_chains", &fg::HostGraph::num_view_chains,
+                             "Instructions that are folded view chains (each one as_strided of its root on replay)")
+      .def_property_readonly("num_views_folded", &fg::HostGraph::num_views_folded,
+                             "The view ops those chains replaced")
       .def_property_readonly("constant_bytes", &fg::HostGraph::constant_bytes);
 
   py::class_<PyExecutable, fg::Executable, std::shared_ptr<PyExecutable>>(m, "PyExecutable")

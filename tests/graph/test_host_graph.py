@@ -122,3 +122,76 @@ def test_tiny_flux_transformer_is_bitwise_equal_to_the_fx_graph():
     with torch.no_grad():
         assert_bitwise(hg.run(fresh), gm(*fresh))
         assert_bitwise(hg.run(fresh), fn(*fresh))  # and equal to the eager model itself
+
+
+def assert_same_view(a, b):
+    """Equal values and the same geometry: sizes, strides and storage offset."""
+    assert a.shape == b.shape and a.stride() == b.stride() and a.storage_offset() == b.storage_offset()
+    assert torch.equal(a, b)
+
+
+def view_chains(x, w):
+    """View chains of every kind the host graph folds, read by non-view ops and returned."""
+    parts = torch.ops.aten.split.Tensor(x, 4, -1)                    # a list, read only by views below
+    q = parts[0].view(2, 3, 2, 2).permute(0, 2, 1, 3)                # split + getitem + view + permute
+    k = parts[1].transpose(0, 1).unsqueeze(0).expand(2, 4, 6)         # transpose, unsqueeze, expand
+    s = x[1:, 2:9:2].select(0, 2).narrow(0, 1, 2)                    # slice, slice, select, narrow
+    u = torch.ops.aten.unbind.int(x.view(2, 3, 12), 1)[2].t()         # view + unbind + getitem + t
+    c = torch.ops.aten.chunk.default(w.t(), 2, 0)                     # a constant root; the list read whole
+    return [q * 2, k + 1, s.sum(), torch.cat(list(c), 1), u.squeeze(), q, x.diagonal()]
+
+
+def test_view_chains_are_folded_into_one_as_strided_of_their_root():
+    x, w = torch.randn(6, 12), torch.randn(5, 4)
+    gm = trace_aten(lambda x: view_chains(x, w), [x])
+    hg = build_host_graph(gm)
+    n_views = sum(1 for n in gm.graph.nodes if n.op == "call_function" and n.target is not operator.getitem
+                  and n.target._schema.returns and n.target._schema.returns[0].alias_info is not None)
+    assert hg.num_views_folded >= n_views - 1  # every view but the chunk whose list cat reads whole
+    assert hg.num_view_chains < hg.num_views_folded  # chains of several views became one instruction each
+    for fresh in (x, torch.randn(6, 12), torch.randn(6, 12)):  # the first run learns each chain's geometry
+        out = hg.run([fresh])
+        for a, b in zip(out, gm(fresh)):
+            assert_same_view(a, b)
+    # views returned by the graph still alias its input (q, x.diagonal())
+    out = hg.run([x])
+    assert all(out[i].untyped_storage().data_ptr() == x.untyped_storage().data_ptr() for i in (5, 6))
+
+
+@pytest.mark.parametrize("layout", ["offset", "transposed", "expanded"])
+def test_folded_views_follow_a_root_of_another_geometry(layout):
+    """A root at another storage offset replays the learned geometry shifted by it; a root with other strides (a
+    host graph run directly, without the cache's copy to the captured strides) runs the views themselves."""
+    x = torch.randn(6, 12)
+    gm = trace_aten(lambda x: view_chains(x, torch.ones(5, 4)), [x])
+    hg = build_host_graph(gm)
+    hg.run([x])  # learns the chains on a contiguous root
+    other = {"offset": torch.randn(80)[5:77].view(6, 12), "transposed": torch.randn(12, 6).t(),
+             "expanded": torch.randn(1, 12).expand(6, 12)}[layout]
+    for a, b in zip(hg.run([other]), gm(other)):
+        assert_same_view(a, b)
+
+
+def test_in_place_writes_through_a_folded_view_reach_the_base():
+    def fn(x):
+        y = x.clone()
+        y.view(-1)[3:9].mul_(2)
+        y.view(4, 6)[:, 1].zero_()
+        return [y]
+
+    x = torch.randn(4, 6)
+    gm = trace_aten(fn, [x])
+    hg = build_host_graph(gm)
+    assert hg.num_views_folded >= 4 and hg.num_view_chains == 2
+    for _ in range(2):
+        assert_bitwise(hg.run([x]), gm(x))
+
+
+def test_a_failing_view_raises_as_the_op_does():
+    """view() of a root whose strides do not allow it raises the op's own error (the chain runs its ops)."""
+    x = torch.randn(4, 6)
+    gm = trace_aten(lambda x: [x.view(24) * 1], [x])
+    hg = build_host_graph(gm)
+    hg.run([x])
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        hg.run([torch.randn(6, 4).t()])
