@@ -204,8 +204,10 @@ at::Tensor HostGraph::run_view_chain(const Instruction& ins, const std::vector<c
     current = std::move(stack[0]);
   }
   at::Tensor result = current.toTensor();
-  if (memo == nullptr && result.has_storage() && root.has_storage() && result.dtype() == root.dtype() &&
-      result.storage().is_alias_of(root.storage())) {
+  // memoised only for plain strided tensors (a quantized root's per-channel axis moves with permute, which
+  // as_strided would not follow; sparse and opaque layouts have no such geometry): the others run the ops each time
+  if (memo == nullptr && root.layout() == at::kStrided && !root.is_quantized() && result.has_storage() &&
+      root.has_storage() && result.dtype() == root.dtype() && result.storage().is_alias_of(root.storage())) {
     auto* m = new ViewMemo{root.scalar_type(), root.sizes().vec(), root.strides().vec(), result.sizes().vec(),
                            result.strides().vec(), result.storage_offset() - root.storage_offset()};
     const ViewMemo* expected = nullptr;
