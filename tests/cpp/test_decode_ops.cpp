@@ -57,7 +57,9 @@ TEST(KvAttention, EveryCapabilityKernel) {
   const at::Tensor q = at::randn({1, 2, 3, 40}), kc = at::randn({1, 2, 9, 40}), kn = at::randn({1, 2, 1, 40});
   const at::Tensor vc = at::randn({1, 2, 9, 33}), vn = at::randn({1, 2, 1, 33});
   const fusegraph::KvAttentionShape s{1, 2, 3, 9, 1, 40, 33};
-  for (const auto fn : fusegraph::kv_attention_stub.table) {
+  // every kernel this CPU can execute (a higher capability's would raise SIGILL)
+  for (int cap = 0; cap <= static_cast<int>(fusegraph::cpu::current_capability()); ++cap) {
+    const auto fn = fusegraph::kv_attention_stub.table[cap];
     if (fn == nullptr) continue;
     at::Tensor out = at::full({1, 2, 3, 33}, NAN);
     fn(q, kc, kn, vc, vn, 1.0 / std::sqrt(40.0), s, out);
@@ -92,7 +94,9 @@ TEST(Gemv, MatchesLinear) {
 
 TEST(Gemv, EveryCapabilityKernel) {
   const at::Tensor x = at::randn({3, 65}), w = at::randn({9, 65}) / 8, b = at::randn({9});
-  for (const auto fn : fusegraph::gemv_stub.table) {
+  // every kernel this CPU can execute (a higher capability's would raise SIGILL)
+  for (int cap = 0; cap <= static_cast<int>(fusegraph::cpu::current_capability()); ++cap) {
+    const auto fn = fusegraph::gemv_stub.table[cap];
     if (fn == nullptr) continue;
     at::Tensor out = at::full({3, 9}, NAN);
     fn(x, w, b, out);

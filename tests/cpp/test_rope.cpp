@@ -70,6 +70,7 @@ TEST(Rope, EveryCapabilityKernelAgrees) {
   const at::Tensor cos = at::randn({5, 1, 70}), sin = at::randn({5, 1, 70});
   for (int c = 0; c < static_cast<int>(fusegraph::cpu::Capability::NUM); ++c) {
     ASSERT_NE(fusegraph::rope_stub.table[c], nullptr) << "capability " << c;
+    if (c > static_cast<int>(fusegraph::cpu::current_capability())) continue;  // SIGILL on this CPU
     for (bool interleaved : {true, false}) {
       at::Tensor out = at::full(x.sizes(), NAN, x.options());
       fusegraph::rope_stub.table[c](x, cos, sin, out, interleaved, 70);
