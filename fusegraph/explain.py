@@ -875,10 +875,39 @@ def main(argv=None) -> int:
         print(f"python -m fusegraph explain: unknown model {args.model!r}; known models: {', '.join(known)}",
               file=sys.stderr)
         return 2
+    why = _unwritable(args.json) if args.json else None
+    if why:
+        print(f"python -m fusegraph explain: argument --json: cannot write {args.json!r}: {why}", file=sys.stderr)
+        return 2
     model, kwargs = zoo.build(args.model, dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype])
     report = explain(model, **kwargs)
     print(report.table())
     if args.json:
-        report.to_json(args.json)
+        try:
+            report.to_json(args.json)
+        except OSError as e:
+            print(f"python -m fusegraph explain: argument --json: cannot write {args.json!r}: {_os_reason(e)}",
+                  file=sys.stderr)
+            return 1
         print(f"\nwrote {args.json}")
     return 0
+
+
+def _unwritable(path: str) -> Optional[str]:
+    """Why ``path`` cannot be written, or None. Checked before the report runs, so a bad ``--json`` fails at once
+    instead of after the compile. Opened for append (an existing file keeps its contents); a file the check
+    created is removed again."""
+    existed = os.path.lexists(path)
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as e:
+        return _os_reason(e)
+    if not existed:
+        os.remove(path)
+    return None
+
+
+def _os_reason(e: OSError) -> str:
+    """The OS's words for ``e`` (``No such file or directory``), without the path the message repeats."""
+    return e.strerror or str(e)

@@ -14,8 +14,7 @@ def assert_close_to_reference(out: torch.Tensor, ref64: torch.Tensor, **kw) -> N
     same shape and dtype as the reference cast, values within the dtype's tolerance."""
     assert not torch.isnan(out).any(), "output has NaN: some element was never written"
     expected = ref64.to(out.dtype)
-    tol = FP32_TOL if out.dtype == torch.float32 else {}
-    tol.update(kw)
+    tol = {**(FP32_TOL if out.dtype == torch.float32 else {}), **kw}  # a copy: FP32_TOL is shared by every test
     torch.testing.assert_close(out, expected, **tol)
 
 
@@ -45,17 +44,25 @@ def strided_copy(t: torch.Tensor) -> torch.Tensor:
     return view
 
 
+# What tests/conftest.py's autouse fixture does, for a script run in its own process: every op output NaN-filled
+# before its kernel writes it (an element the kernel forgets fails the comparison), and a seeded RNG.
+SUBPROCESS_PROLOGUE = "import torch, fusegraph\nfusegraph._C._set_poison_outputs(True)\ntorch.manual_seed({seed})\n"
+
+
 def run_under_cpu_capabilities(script: str, capabilities=("default", "avx2"), timeout: float = 300) -> None:
     """Runs ``script`` (Python source) once per ATen CPU capability, each in a fresh process (ATen reads
-    ATEN_CPU_CAPABILITY once, at first use), in parallel. Each run must exit 0 and print the capability its
+    ATEN_CPU_CAPABILITY once, at first use), in parallel, after ``SUBPROCESS_PROLOGUE``: op outputs poisoned and
+    the RNG seeded, as tests/conftest.py does in-process. Each run must exit 0 and print the capability its
     kernels ran at (``fusegraph._C.cpu_capability()``) as its last line."""
     import os
     import subprocess
     import sys
+    import zlib
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    source = SUBPROCESS_PROLOGUE.format(seed=zlib.crc32(script.encode())) + script
     runs = {
-        cap: subprocess.Popen([sys.executable, "-c", script], env=dict(os.environ, ATEN_CPU_CAPABILITY=cap),
+        cap: subprocess.Popen([sys.executable, "-c", source], env=dict(os.environ, ATEN_CPU_CAPABILITY=cap),
                               cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for cap in capabilities
     }

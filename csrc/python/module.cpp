@@ -47,6 +47,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_poison_outputs", &fusegraph::set_poison_outputs,
         "Debug: fill every op output with NaN before its kernel writes it (tests use this).");
   m.def("_poison_outputs", &fusegraph::poison_outputs);
+  m.def("_new_output_like", [](const at::Tensor& t) { return fusegraph::new_output(t.sizes(), t.options()); },
+        "Debug: a fresh output shaped like t, allocated as the ops allocate theirs (NaN-filled in poison mode); "
+        "tests write it with kernel stand-ins.");
   m.def("cpu_capability",
         [] { return std::string(fusegraph::cpu::capability_name(fusegraph::cpu::current_capability())); },
         "The instruction set the CPU kernels run with (DEFAULT, AVX2 or AVX512).");

@@ -295,6 +295,54 @@ def test_cli_unknown_model_is_a_clear_error(capsys):
     assert "unknown model 'NoSuchTransformer'" in err and "FluxTransformer2DModel" in err
 
 
+@pytest.mark.parametrize("where, why", [("missing/report.json", "No such file or directory"),
+                                        (".", "Is a directory")])
+def test_cli_unwritable_json_is_a_clear_error_before_the_report_runs(tmp_path, capsys, monkeypatch, where, why):
+    """An unwritable ``--json`` path is refused in one line (the argument, the path, the OS's reason) with
+    argparse's exit code, before the model is built or explained."""
+    import sys
+
+    from fusegraph import __main__ as cli
+    from fusegraph import zoo
+
+    explain_mod = sys.modules["fusegraph.explain"]
+    ran = lambda *a, **k: pytest.fail("the report ran before --json was checked")  # noqa: E731
+    monkeypatch.setattr(zoo, "build", ran)
+    monkeypatch.setattr(explain_mod, "explain", ran)
+    path = str(tmp_path / where)
+    assert cli.main(["explain", "--model", "FluxTransformer2DModel", "--json", path]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == f"python -m fusegraph explain: argument --json: cannot write {path!r}: {why}\n"
+
+
+def test_cli_json_write_failure_after_the_report_is_one_line(tmp_path, capsys, monkeypatch):
+    """A path writable when checked but gone when the report is written (its folder removed meanwhile): the table
+    is printed, the failure is one line on stderr, exit code 1, no traceback. The check itself leaves no file."""
+    import sys
+
+    from fusegraph import __main__ as cli
+    from fusegraph import zoo
+
+    explain_mod = sys.modules["fusegraph.explain"]
+    folder = tmp_path / "out"
+    folder.mkdir()
+    path = folder / "report.json"
+
+    def explain_then_remove_the_folder(model, **kwargs):
+        assert not path.exists()
+        folder.rmdir()
+        return explain_mod.ExplainReport(model="Stand-in", families=[], enabled=[])
+
+    monkeypatch.setattr(zoo, "build", lambda name, dtype: (None, {}))
+    monkeypatch.setattr(explain_mod, "explain", explain_then_remove_the_folder)
+    assert cli.main(["explain", "--model", "FluxTransformer2DModel", "--json", str(path)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.startswith("fusegraph explain: Stand-in: 0 graphs")
+    assert captured.err == (f"python -m fusegraph explain: argument --json: cannot write {str(path)!r}: "
+                            "No such file or directory\n")
+
+
 def test_cli_help_lists_explain(capsys):
     from fusegraph import __main__ as cli
 
