@@ -18,7 +18,11 @@ Classes of ``diffusers.models.transformers`` (diffusers 0.42.1) not in the zoo, 
 In short: building blocks or non-DiT models (UNet-internal Transformer2DModel / TransformerTemporalModel /
 DualTransformer2DModel / DreamLiteTransformer2DModel, PriorTransformer, T5FilmDecoder, an RVQ depth decoder, a
 protein model). Every diffusion-transformer class of diffusers.models.transformers is in the zoo (68), each given a
-config and inputs written and checked by hand.
+config and inputs written and checked by hand. A few classes have a second entry, ``<Class>@diffusers-test``: the
+init dict and input shapes of diffusers' own model test of the class (tests/models/transformers/test_models_
+transformer_*.py in the diffusers repository), kept beside ours as checks of the RoPE forms: LuminaNext's test passes a
+real-valued random rotary table (a form of its own), Mochi's and Cosmos3's (head_dim 6, no text QK-norm, one vision
+token) fuse with the forms ours need.
 """
 from __future__ import annotations
 
@@ -240,6 +244,18 @@ def _lumina_next(g, b):
                 image_rotary_emb=get_2d_rotary_pos_embed_lumina(8, 16, 16), cross_attention_kwargs={})
 
 
+# diffusers' own model test (tests/models/transformers/test_models_transformer_lumina.py): its init dict and input
+# shapes, a real-valued random [384, 384, 4] image_rotary_emb included (the stock tables are complex; a real one
+# makes the complex product of each pair a product by a real number)
+@_spec("LuminaNextDiT2DModel@diffusers-test", cls="LuminaNextDiT2DModel", sample_size=16, patch_size=2, in_channels=4,
+       hidden_size=24, num_layers=2, num_attention_heads=3, num_kv_heads=1, multiple_of=16, ffn_dim_multiplier=None,
+       norm_eps=1e-5, learn_sigma=False, qk_norm=True, cross_attention_dim=32, scaling_factor=1.0)
+def _lumina_next_diffusers_test(g, b):
+    return dict(hidden_states=_r(g, b, 4, 16, 16), encoder_hidden_states=_r(g, b, 16, 32),
+                timestep=torch.rand(b, generator=g), encoder_mask=_r(g, b, 16), image_rotary_emb=_r(g, 384, 384, 4),
+                cross_attention_kwargs={})
+
+
 @_spec("ZImageTransformer2DModel", batch=1, all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=32,
        n_layers=1, n_refiner_layers=1, n_heads=2, n_kv_heads=2, qk_norm=True, cap_feat_dim=16, rope_theta=256.0,
        t_scale=1000.0, axes_dims=[8, 4, 4], axes_lens=[256, 32, 32])
@@ -286,6 +302,16 @@ def _ltx2(g, b, f=2, h=4, w=4, af=9):
 def _mochi(g, b):
     return dict(hidden_states=_r(g, b, 4, 2, 8, 8), encoder_hidden_states=_r(g, b, 8, 16), timestep=_t(g, b),
                 encoder_attention_mask=torch.ones(b, 8, dtype=torch.bool))
+
+
+# diffusers' own model test (tests/models/transformers/test_models_transformer_mochi.py): its init dict and inputs
+@_spec("MochiTransformer3DModel@diffusers-test", cls="MochiTransformer3DModel", patch_size=2, num_attention_heads=2,
+       attention_head_dim=8, num_layers=2, pooled_projection_dim=16, in_channels=4, out_channels=None,
+       qk_norm="rms_norm", text_embed_dim=16, time_embed_dim=4, activation_fn="swiglu", max_sequence_length=16)
+def _mochi_diffusers_test(g, b):
+    return dict(hidden_states=_r(g, b, 4, 2, 16, 16), encoder_hidden_states=_r(g, b, 16, 16),
+                timestep=torch.randint(0, 1000, (b,), generator=g),
+                encoder_attention_mask=torch.ones(b, 16, dtype=torch.bool))
 
 
 @_spec("CogVideoXTransformer3DModel", num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
@@ -611,6 +637,22 @@ def _cosmos3(g, b, t=8, h=4, w=4):
                 sequence_length=t + n, vision_tokens=[_r(g, 1, 4, 1, 2 * h, 2 * w)], vision_token_shapes=[(1, h, w)],
                 vision_sequence_indexes=vision, vision_mse_loss_indexes=vision,
                 vision_timesteps=_t(g, n), vision_noisy_frame_indexes=[torch.tensor([0])])
+
+
+# diffusers' own model test (tests/models/transformers/test_models_transformer_cosmos3.py): its init dict and inputs
+# (2 text tokens, one 1 x 1 x 1 vision token, all positions 0); head_dim 6 (half 3), no text QK-norm
+@_spec("Cosmos3OmniTransformer@diffusers-test", cls="Cosmos3OmniTransformer", batch=1, head_dim=6, hidden_act="relu2",
+       hidden_size=12, intermediate_size=24, latent_channel=2, latent_patch_size=1, num_attention_heads=2,
+       num_hidden_layers=2, num_key_value_heads=1, patch_latent_dim=2, qk_norm_for_text=False, rms_norm_eps=1e-5,
+       rope_axes_dim=[1, 1, 1], rope_theta=1e8, vocab_size=32)
+def _cosmos3_diffusers_test(g, b, h=1, w=1):
+    n = h * w
+    vision = torch.arange(2, 2 + n)
+    return dict(input_ids=torch.tensor([1, 2]), text_indexes=torch.tensor([0, 1]),
+                position_ids=torch.zeros((3, 2 + n), dtype=torch.long), und_len=2, sequence_length=2 + n,
+                vision_tokens=[_r(g, 1, 2, 1, h, w)], vision_token_shapes=[(1, h, w)], vision_sequence_indexes=vision,
+                vision_mse_loss_indexes=vision, vision_timesteps=torch.ones(n),
+                vision_noisy_frame_indexes=[torch.tensor([0])])
 
 
 # the released checkpoints' variant (text_token_padding, ca_rope, cross_gates, fix_modulation on); video with audio

@@ -220,12 +220,6 @@ def lookalike_complex_halves(x, freqs):
     return torch.view_as_real(x_c * freqs.unsqueeze(2)).transpose(-1, -2).flatten(3).type_as(x)
 
 
-def lookalike_complex_real_freqs(x, freqs):
-    """A real (not complex) factor: scales both parts, no rotation."""
-    x_c = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
-    return torch.view_as_real(x_c * freqs.abs().unsqueeze(2)).flatten(3).type_as(x)
-
-
 def test_complex_rope_conjugated_freqs_fuses():
     """The inverse rotation by conjugated freqs (``freqs.conj()``, resolved in the graph) is RoPE with tables
     Re f, -Im f: it fuses, and the result is the inverse rotation."""
@@ -305,13 +299,79 @@ def test_complex128_lookalikes_stay_unfused(fn):
     torch.testing.assert_close(out, eager, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("fn", [lookalike_complex_conjugate, lookalike_complex_halves, lookalike_complex_real_freqs])
+@pytest.mark.parametrize("fn", [lookalike_complex_conjugate, lookalike_complex_halves])
 def test_complex_lookalikes_stay_unfused(fn):
     x = torch.randn(2, 5, 2, 8, dtype=torch.bfloat16)
     freqs = complex_freqs(2, 5, 4)
     b, out, eager = compile_and_run(fn, x, freqs, inductor=False)
     assert b.stats.patterns["rope"] == 0 and fused(b, "rope") == 0
     assert_matches(out, eager)
+
+
+# --- the complex form with a real table: LuminaNext as diffusers' own model test runs it -----------------------
+# (tests/models/transformers/test_models_transformer_lumina.py passes image_rotary_emb = randn(384, 384, 4): the
+# complex product of each pair (a, b) by a real f is (a f, b f), RoPE with cos = f, sin = 0)
+
+
+def lumina_next_qk(q, k, freqs):
+    """LuminaAttnProcessor2_0 (query_rotary_emb = key_rotary_emb = the patch embedder's ``freqs_cis[:h, :w]
+    .flatten(0, 1).unsqueeze(0)``): ``apply_rotary_emb(use_real=False)`` on q [B, S, H, D] and k [B, S, 1, D]."""
+    return lumina_rope(q, freqs), lumina_rope(k, freqs)
+
+
+def real_factor_ref64(x, freqs):
+    """x's pairs as complex128 numbers times the real table (float64), unsqueezed at the heads."""
+    xc = torch.view_as_complex(x.double().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(xc * freqs.double().unsqueeze(2)).flatten(3)
+
+
+@pytest.mark.parametrize("route", [pytest.param(dict(inductor=False), id="aten"), pytest.param({}, id="default")])
+@pytest.mark.parametrize("tables_dtype", ["fp32", "x"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_complex_rope_real_tables_fuse(dtype, tables_dtype, route):
+    """A real fp32 / bf16 / fp16 table (diffusers' LuminaNext test: random, not a rotation; its bf16 copy in the
+    zoo's bf16 build) makes the product complex64: each pair times a real number, which the op computes exactly
+    as eager does (``a f + (-b) 0`` is the complex product's ``a f - b 0``, NaN / inf included), so fp32 is
+    compared bit for bit. Fresh random inputs per seed (x and the table)."""
+    B, S, H, D = 2, 9, 3, 8
+    for seed in (0, 1):
+        g = torch.Generator().manual_seed(seed)
+        q, k = torch.randn(B, S, H, D, generator=g).to(dtype), torch.randn(B, S, 1, D, generator=g).to(dtype)
+        freqs = torch.randn(1, S, D // 2, generator=g).to(dtype if tables_dtype == "x" else torch.float32)
+        b, out, eager = compile_and_run(lumina_next_qk, q, k, freqs, **route)
+        assert b.stats.patterns["rope"] == 2 and fused(b, "rope") == 2, b.stats.patterns
+        assert_ops_gone(b, *COMPLEX_CHAIN)
+        for o, e, t in zip(out, eager, (q, k)):
+            assert o.dtype == e.dtype == dtype and o.shape == e.shape
+            if dtype == torch.float32:
+                torch.testing.assert_close(o, e, rtol=0, atol=0)
+            else:
+                torch.testing.assert_close(o, e)
+            torch.testing.assert_close(o, real_factor_ref64(t, freqs).to(dtype))
+
+
+def test_complex_rope_real_tables_nan_inf_as_eager():
+    """The product's special values: a pair with an infinite part times a real f gives NaN in the other part
+    (a complex product, ``inf * 0``), in eager and in the op alike."""
+    x = torch.randn(1, 3, 2, 8)
+    x[0, 0, 0, 1] = float("inf")
+    x[0, 1, 1, 2] = float("-inf")
+    freqs = torch.randn(1, 3, 4)
+    b, out, eager = compile_and_run(lumina_rope, x, freqs, inductor=False)
+    assert fused(b, "rope") == 1
+    assert torch.isnan(eager).any()
+    torch.testing.assert_close(out, eager, rtol=0, atol=0, equal_nan=True)
+
+
+def test_complex_rope_float64_real_tables_stay_unfused():
+    """A float64 real table makes the product complex128 (fp32 x times a float64 factor is not exact in fp32):
+    the op's fp32 product would differ from eager's float64-then-round; refused, the graph as eager's."""
+    x = torch.randn(2, 5, 2, 8)
+    freqs = torch.randn(1, 5, 4, dtype=torch.float64)
+    b, out, eager = compile_and_run(lumina_rope, x, freqs, inductor=False)
+    assert b.stats.patterns["rope"] == 0 and fused(b, "rope") == 0
+    assert out.dtype == eager.dtype
+    torch.testing.assert_close(out, eager, rtol=0, atol=0)
 
 
 # --- rank-3 x: LTX apply_rotary_emb, LTX2 apply_interleaved_rotary_emb ------------------------------------

@@ -33,7 +33,10 @@ Source forms:
   (lead's decision), the op computing in fp32 from fp32-rounded cos/sin: a couple of fp32 ulps from the
   float64 product, within the project's op-level fp32 tolerance. Only where ``type_as(x)`` rounds the
   result to x's dtype anyway (the match's output must be in x's dtype); a float64 result that flows on, or
-  one cast to another dtype, stays unfused.
+  one cast to another dtype, stays unfused. A real fp32 / bf16 / fp16 table in place of the complex one
+  (LuminaNext as diffusers' own model test runs it, a random ``image_rotary_emb [384, 384, 4]``) makes each
+  pair's product one by a real number: cos = f, sin = 0, exact (the same graph as complex64 freqs, so the same
+  entry: :func:`_complex_tables`, :func:`_fused_complex`); a float64 one (a complex128 product) stays unfused.
 * HiDream's ``apply_rope``: ``freqs_cis[..., 0] * x_[..., 0] + freqs_cis[..., 1] * x_[..., 1]`` with a 2x2
   matrix per pair; any such matrix is the op's ``x * cos + rot(x) * sin`` with cos = (f00, f11) and
   sin = (-f01, f10) per pair.
@@ -393,7 +396,15 @@ def _fused_mochi(x, freqs_cos, freqs_sin):
 def _fused_complex(x, freqs):
     """``(a + ib)(c + id) = (ac - bd) + i(bc + ad)``: interleaved RoPE with cos = Re f and sin = Im f in both
     positions of each pair. The tables are ``freqs``' size (``[B, S, 1, D]`` fp32 for Lumina2); complex128
-    freqs are rounded to fp32 first (the op computes in fp32; see :func:`_complex_tables`)."""
+    freqs are rounded to fp32 first (the op computes in fp32; see :func:`_complex_tables`).
+
+    A real ``freqs`` (LuminaNext as diffusers' own model test runs it: a random real ``image_rotary_emb``) is the
+    complex number ``f + 0i``: cos = f, sin = 0 (a zero table of cos' size). Exact, as eager's complex64 product
+    (the factor promoted to ``f + 0i``): ``a f + (-b) 0`` is its ``a f - b 0`` and ``b f + a 0`` its imaginary
+    part, each one fp32 rounding of ``a f``, NaN from ``inf * 0`` included."""
+    if not freqs.is_complex():
+        cos = _pairwise(freqs.to(torch.float32))
+        return _rope(x, cos, torch.zeros_like(cos), True)
     f = torch.view_as_real(freqs).to(torch.float32)
     return _rope(x, _pairwise(f[..., 0]), _pairwise(f[..., 1]), True)
 
@@ -463,16 +474,22 @@ def _pair_tables(match: Match):
 
 
 def _complex_tables(match: Match):
-    """complex64 / complex128 ``freqs [..., D/2]`` -> fp32 ``[..., D]``.
+    """complex64 / complex128 ``freqs [..., D/2]`` -> fp32 ``[..., D]``; also a real fp32 / bf16 / fp16 ``freqs``
+    (the product is then complex64 whatever x is, and exact in the op: :func:`_fused_complex`).
 
     complex128 (Lumina2's tables everywhere but on MPS) makes the product float64; the op computes it in fp32
     from fp32-rounded cos / sin, a couple of fp32 ulps from the float64 value. That is taken only where the
     result is rounded to x's dtype anyway (``type_as(x)``: the match's output is in x's dtype); a float64
     result that flows on stays unfused."""
     f, x = _val(match, "freqs"), _val(match, "x")
-    if not _tensors(f, x) or f.dtype not in (torch.complex64, torch.complex128):
+    if not _tensors(f, x):
         return None
-    if f.is_conj():  # view_as_real needs the conj resolved
+    if f.dtype in (torch.complex64, torch.complex128):
+        if f.is_conj():  # view_as_real needs the conj resolved
+            return None
+    elif f.dtype not in _DTYPES:
+        # a real table (see :func:`_fused_complex`): fp32 / bf16 / fp16 only, whose product with x's pairs is
+        # exact in the op; a float64 one makes the product complex128, not an fp32 product: refused
         return None
     out = match.output_node().meta.get("val")
     if not _tensors(out) or out.dtype != x.dtype:
