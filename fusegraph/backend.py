@@ -72,6 +72,7 @@ class _CompileJob:
         self.real_inputs: Optional[list] = None  # Dynamo's real example inputs (after freezing), for verify
         self.lowered: Optional[dict] = None  # {family: sites lowered back to aten for Inductor} (Inductor route)
         self.ops: collections.Counter = collections.Counter()  # op name -> count in the graph handed on
+        self.params: list = []  # the parameters this compile freezes
 
     def fuse(self, graph_or_gm) -> None:
         verify_inputs = None
@@ -176,7 +177,8 @@ class Backend:
         params = freezing.frozen_parameters(gm, example_inputs) if freeze else {}
         job, compiled = self._compile(gm, example_inputs, params, freeze=freeze)
         if params:
-            compiled = freezing.FrozenGraph(self, gm, example_inputs, params, compiled, job.graph_id)
+            compiled = freezing.FrozenGraph(self, gm, example_inputs, params, compiled, job.graph_id,
+                                            copies=freezing.holds_copies(self.config))
         if self._measures(job, gm, example_inputs, freeze):
             compiled = self._measured(job, gm, example_inputs, freeze, compiled)
         seconds = time.perf_counter() - t0
@@ -268,6 +270,7 @@ class Backend:
         self.last_route = route
         job.fusing = route != "graph_only"
         keep = None
+        job.params = list(params.values())
         if params:
             gm, keep = freezing.parameters_to_attributes(gm, params)
             example_inputs = [example_inputs[i] for i in keep]
@@ -278,6 +281,7 @@ class Backend:
                 compiled = self._compile_aten(gm, example_inputs, job, route)
         if keep is not None:
             compiled = freezing.pass_kept_args(compiled, keep)
+        job.params = []  # the compiled graph holds aliases of them, nothing here holds the user's parameters
         return job, compiled
 
     # default route, inductor=True
@@ -307,7 +311,8 @@ class Backend:
         if self.config.verify:  # the post-grad graph's placeholders once Inductor froze the rest
             job.real_inputs = list(example_inputs)
         patches = {"post_grad_custom_pre_pass": fusion_pass, "freezing": job.freeze, "cpp_wrapper": cpp_wrapper}
-        with freezing.packing_policy(self.config.concat_linear), _refuse_proxy_executor(cpp_wrapper):
+        with freezing.weight_policy(self.config, job.params), _refuse_proxy_executor(cpp_wrapper), \
+                freezing.released_with_the_graph(job.params):
             compiled = compile_fx(gm, example_inputs, config_patches=patches)
         if job.pass_ran:
             fusion_pass.after_compile(gm, example_inputs, job.freeze)  # stores the record
@@ -358,8 +363,8 @@ class Backend:
                 job.record_ops(aot_gm)
             graph, keep = aot_gm, None
             if job.freeze and not torch.is_grad_enabled():
-                graph, keep = freezing.freeze_aot_graph(gm, aot_gm, aot_inputs, self._fallback,
-                                                          self.config.concat_linear)
+                graph, keep = freezing.freeze_aot_graph(gm, aot_gm, aot_inputs, self._fallback, self.config,
+                                                          job.params)
                 if keep is not None:
                     job.record_ops(graph)
             if route != "default":

@@ -238,10 +238,15 @@ class CompilationConfig(_ConfigBase):
                               "hangs); 'capture' only before each capture (replay free of any exchange).")
     enable_freezing = _Field(True, _bool, "Fold parameters into constants before compiling (inference only: "
                                           "applies when autograd is off).")
-    concat_linear = _Field(True, _bool, "Under freezing, linears that read the same input (q/k/v projections) become "
-                                        "one GEMM on concatenated weights (Inductor's concat-linear freezing "
-                                        "pattern, which Inductor applies on CUDA; on by default here on CPU too). "
-                                        "The compiled graph then holds a concatenated copy of those weights.")
+    concat_linear = _Field(False, _bool, "Under freezing, linears that read the same input (q/k/v projections) "
+                                         "become one GEMM on concatenated weights (Inductor's concat-linear freezing "
+                                         "pattern). The compiled graph then holds a concatenated copy of those "
+                                         "weights, and edits of them are detected (a re-compile) rather than read.")
+    pack_weights = _Field(False, _bool, "Under freezing, bf16/fp16 linear weights are packed for oneDNN and "
+                                        "convolution weights where measured faster (Inductor's weight packing). The "
+                                        "compiled graph then holds packed copies of those weights (memory: up to one "
+                                        "more copy of the model), and edits of them are detected (a re-compile) "
+                                        "rather than read. False: every constant is a parameter or a view of one.")
     inductor = _Field(True, _bool, "Default route: hand the fused graph to Inductor's codegen; False: run it as "
                                    "fused aten ops (fast compile, the seed's behaviour).")
     cpp_wrapper = _Field(True, _bool, "Inductor route on CPU: the compiled graph is driven by Inductor's C++ wrapper "

@@ -6,6 +6,12 @@ first become attributes (``parameters_to_attributes``), so freezing follows the 
 Inductor's global one, and the frozen compile is guarded per call (``FrozenGraph``). Plus what freezing needs
 around it: which weights are packed or concatenated (``packing_policy``), opaque inputs (DTensor's DeviceMesh)
 kept as inputs, callables that drop the arguments freezing folded.
+
+What freezing may derive from a parameter is the memory and correctness contract (DESIGN §3.2 "Freezing"):
+by default (``pack_weights=False``, ``concat_linear=False``) every constant of a frozen graph is a parameter of
+the module or a view of one (``aliasing_folds``): no second copy of any weight is held, and a weight edited in
+place in any way (``w.data += d``, ``copy_``, a numpy write) is read by the next call. Opting into packed or
+concatenated weights gives the graph copies; then every in-place edit must be detected instead (``DataWatch``).
 """
 from __future__ import annotations
 
@@ -13,7 +19,9 @@ import contextlib
 import copy
 import logging
 import operator
+import sys
 import threading
+import weakref
 
 import torch
 
@@ -62,11 +70,14 @@ def _same_weight_shapes(match) -> bool:
 
 
 @contextlib.contextmanager
-def packing_policy(concat_linear: bool = True):
+def packing_policy(concat_linear: bool = False, pack_weights: bool = False):
     """What freezing may do to the weights, for the duration of a frozen compile:
 
-    - float32 linears are not packed (above); bf16/fp16 ones are, as Inductor does it;
-    - a convolution is packed for oneDNN only where that is measured faster (``fusegraph.packing``);
+    - ``pack_weights=False`` (the default): no weight is packed, and convolution weights keep their layout
+      (Inductor's ``layout_optimization`` would convert them to channels-last copies): the compiled graph holds
+      no copy of any weight;
+    - ``pack_weights=True``: float32 linears are not packed (above); bf16/fp16 ones are, as Inductor does it; a
+      convolution is packed for oneDNN only where that is measured faster (``fusegraph.packing``);
     - ``concat_linear``: linears reading the same input become one GEMM on concatenated weights (Inductor's own
       freezing pattern, which Inductor applies on CUDA and leaves off on CPU: ``cpp.enable_concat_linear``).
       Fewer, larger GEMMs: fewer calls and better blocking; the concatenated copy of those weights is held by
@@ -80,8 +91,9 @@ def packing_policy(concat_linear: bool = True):
 
     from . import packing
 
-    wraps = {"_is_packable_linear": lambda match, check: check(match) and not _is_fp32_linear(match),
-             "_is_packable_convolution": lambda match, check: (check(match)
+    wraps = {"_is_packable_linear": lambda match, check: (pack_weights and check(match)
+                                                          and not _is_fp32_linear(match)),
+             "_is_packable_convolution": lambda match, check: (pack_weights and check(match)
                                                                and packing.conv_packing_pays(match.output_node())),
              "check_concat_weights": lambda match, check: check(match) and _same_weight_shapes(match)}
     entries = []
@@ -98,17 +110,130 @@ def packing_policy(concat_linear: bool = True):
     for e, check in zip(entries, saved):
         wrap = wraps[_check_name(check)]
         e.extra_check = lambda match, check=check, wrap=wrap: wrap(match, check)
+    patches = {"cpp.enable_concat_linear": bool(concat_linear)}
+    if not pack_weights:
+        patches["layout_optimization"] = False
     try:
-        with torch._inductor.config.patch({"cpp.enable_concat_linear": bool(concat_linear)}):
+        with torch._inductor.config.patch(patches):
             yield
     finally:
         for e, check in zip(entries, saved):
             e.extra_check = check
 
 
+def _storage_key(t: torch.Tensor):
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # a tensor without storage (a subclass, meta)
+        return None
+
+
+def _derived_from_params(node: torch.fx.Node, gm, storages: set, memo: dict) -> bool:
+    """Whether ``node`` reads (through any chain of nodes) a constant held in one of the parameter ``storages``."""
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        if n in memo:
+            if memo[n]:
+                return True
+            continue
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op == "get_attr":
+            value = getattr(gm, n.target, None)
+            if isinstance(value, torch.Tensor) and _storage_key(value) in storages:
+                memo[node] = True
+                return True
+        stack.extend(n.all_input_nodes)
+    memo[node] = False
+    return False
+
+
+@contextlib.contextmanager
+def aliasing_folds(params, active: bool = True):
+    """Freezing's constant folding may fold a computation on the frozen ``params`` only where its result is a view of
+    one of them (``t``, ``permute``, ``view``, slices): folding anything else (a dtype cast, ``w * c`` of binary
+    folding, a concatenation) would make the graph hold a copy that is stale once the weight is edited, and
+    that holds memory. Such a computation stays an op of the graph, run at each call as plain ``torch.compile``
+    runs it. Computations on other constants (Dynamo's lifted tensors) fold as Inductor folds them.
+
+    Inductor's folding (``torch._inductor.constant_folding.constant_fold``, called by ``freeze`` and its passes)
+    replaces each folded node through ``replace_node_with_constant``, which is wrapped here for the compile
+    (under Dynamo's compile lock); the parameters themselves become constants through another binding of it."""
+    if not active:
+        yield
+        return
+    from torch._inductor import constant_folding
+
+    storages = {k for k in (_storage_key(p) for p in params) if k is not None}
+    original = constant_folding.replace_node_with_constant
+    memos: dict = {}
+
+    def replace(gm, node, constant=None, name=None):
+        if isinstance(constant, torch.Tensor) and _storage_key(constant) not in storages and \
+                _derived_from_params(node, gm, storages, memos.setdefault(id(gm), {})):
+            return  # a copy of weight data: the node stays in the graph
+        return original(gm, node, constant, name)
+
+    constant_folding.replace_node_with_constant = replace
+    try:
+        yield
+    finally:
+        constant_folding.replace_node_with_constant = original
+
+
+def holds_copies(config) -> bool:
+    """Whether a frozen compile under ``config`` may hold copies of weight data (packed or concatenated weights)."""
+    return bool(config.pack_weights or config.concat_linear)
+
+
+@contextlib.contextmanager
+def weight_policy(config, params):
+    """What a frozen compile may derive from the frozen ``params`` (a list of tensors), for its duration."""
+    with packing_policy(config.concat_linear, config.pack_weights), \
+            aliasing_folds(params, active=not holds_copies(config)):
+        yield
+
+
+@contextlib.contextmanager
+def released_with_the_graph(params):
+    """Inductor keeps every module it generated for a frozen graph in ``PyCodeCache.modules`` (and the last one of
+    each code key in ``sys.modules``) for the life of the process, with the graph's constants as module attributes: the frozen parameters of a model that was deleted
+    stayed alive (plain ``torch.compile`` passes them as inputs). The modules generated during the compile that hold
+    one of ``params`` are dropped from that list, so they live as long as the compiled graph that calls them."""
+    try:
+        from torch._inductor.codecache import PyCodeCache
+
+        modules = PyCodeCache.modules
+    except (ImportError, AttributeError):
+        yield
+        return
+    before = {id(m) for m in modules}
+    try:
+        yield
+    finally:
+        storages = {k for k in (_storage_key(p) for p in params) if k is not None}
+        if storages:
+            def holds(mod):
+                return any(isinstance(v, torch.Tensor) and _storage_key(v) in storages for v in vars(mod).values())
+
+            dropped = [m for m in modules if id(m) not in before and holds(m)]
+            modules[:] = [m for m in modules if all(m is not d for d in dropped)]
+            for mod in dropped:  # loading registers it in sys.modules too (the last module of each code key)
+                if sys.modules.get(mod.__name__) is mod:
+                    del sys.modules[mod.__name__]
+
+
+def _inlined_by_inductor(t: torch.Tensor) -> bool:
+    """A constant Inductor writes into the generated code as numbers (0-d, or 1-d of at most 8 elements:
+    ``GraphLowering.can_inline_constant``): such a parameter would be read at compile time only, so it is not frozen."""
+    return t.dim() == 0 or (t.dim() == 1 and t.shape[0] <= 8)
+
+
 def frozen_parameters(gm: torch.fx.GraphModule, example_inputs) -> dict:
-    """The inputs freezing may fold: {input position: tensor} for each graph input that is an nn.Parameter.
-    Dynamo hands parameters over as graph inputs unless torch._inductor.config.freezing was set globally when it
+    """The inputs freezing may fold: {input position: tensor} for each graph input that is an nn.Parameter (but the
+    few-element ones Inductor inlines as numbers, which stay inputs so that an edit is read). Dynamo hands parameters over as graph inputs unless torch._inductor.config.freezing was set globally when it
     traced; its per-input annotation (``grapharg``) says which inputs are parameters."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(example_inputs):
@@ -120,15 +245,22 @@ def frozen_parameters(gm: torch.fx.GraphModule, example_inputs) -> dict:
             real = grapharg.example if grapharg is not None else None
         except Exception:  # an expired weak reference: leave the input alone
             real = None
-        if isinstance(real, torch.nn.Parameter) and example_inputs[i] is real:
+        if isinstance(real, torch.nn.Parameter) and example_inputs[i] is real and not _inlined_by_inductor(real):
             params[i] = real
             # Dynamo drops its annotations after this compile; a re-compile (FrozenGraph) needs the source again.
             node.meta["fusegraph_param_source"] = grapharg.source
     return params
 
 
+def _alias(p: torch.Tensor) -> torch.nn.Parameter:
+    """Another Parameter object over ``p``'s storage: what the compiled graph holds as its constant. An edit in place
+    is read through it; the user's Parameter object stays owned by the user's module only, so its death (the model
+    deleted) tells the frozen graph to let its compiles go (``FrozenGraph``)."""
+    return torch.nn.Parameter(p.detach(), requires_grad=False)
+
+
 def parameters_to_attributes(gm: torch.fx.GraphModule, params: dict):
-    """Freezing, step one: the inputs at ``params``' positions become attributes (holding ``params``' tensors) of a
+    """Freezing, step one: the inputs at ``params``' positions become attributes (aliases of ``params``' tensors) of a
     copy of the graph module, the layout Inductor's freezing expects, so freezing follows this Backend's own
     config. Returns (new module, indices of the inputs that stay inputs)."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -147,7 +279,7 @@ def parameters_to_attributes(gm: torch.fx.GraphModule, params: dict):
             keep.append(i)
             continue
         name = f"_fusegraph_frozen_param_{i}"
-        setattr(new, name, params[i])
+        setattr(new, name, _alias(params[i]))
         name_to_source[name] = node.meta["fusegraph_param_source"]  # aot_autograd maps attributes to sources
         copy_node = val_map[node]
         with graph.inserting_before(copy_node):
@@ -161,27 +293,110 @@ def parameters_to_attributes(gm: torch.fx.GraphModule, params: dict):
     return new, keep
 
 
+_TENSOR_DATA = torch._C.TensorBase.data  # the getset descriptor ``Parameter.data`` resolves to
+
+
+class DataWatch:
+    """Notes ``.data`` reads and writes of the parameters whose values a frozen graph copied (``pack_weights`` or
+    ``concat_linear``), so that edits which bypass the version counter (``w.data += d``, ``w.data.copy_(x)``,
+    ``w.data.zero_()``: the arithmetic of hand-merged LoRAs) are detected.
+
+    ``torch.nn.Parameter.data`` becomes a property (installed at the first such graph) that delegates to the
+    tensor's own and, for a watched parameter, bumps ``epoch`` and records a weak reference to the alias it
+    returned. A frozen graph compares ``epoch`` with the one it last checked (one integer compare per call); when it
+    moved, the watched parameters touched since are hashed and compared with their hashes at freezing time. A
+    parameter whose alias is still alive stays touched (it is hashed again at each call until the alias is freed).
+    Writes through other paths that bypass the version counter (numpy views, ``untyped_storage()``, a view of a
+    ``.data`` alias that outlives it) are not seen; the default freezing holds no copies and reads them all."""
+
+    epoch = 0
+    touched: dict = {}  # id(parameter) -> (epoch of the last touch, [weak refs to the aliases handed out])
+    _installed = False
+    _lock = threading.Lock()
+
+    @classmethod
+    def watch(cls, params) -> None:
+        with cls._lock:
+            if not cls._installed:
+                torch.nn.Parameter.data = property(_watched_data_get, _watched_data_set, None,
+                                                   _TENSOR_DATA.__doc__)
+                cls._installed = True
+        for p in params:
+            p.__dict__["_fusegraph_data_watch"] = True
+
+    @classmethod
+    def touch(cls, param, alias=None) -> None:
+        cls.epoch += 1
+        refs = cls.touched.get(id(param), (0, []))[1]
+        refs = [r for r in refs if r() is not None]
+        if alias is not None:
+            refs.append(weakref.ref(alias))
+        cls.touched[id(param)] = (cls.epoch, refs)
+
+    @classmethod
+    def touched_since(cls, epoch: int, param) -> tuple:
+        """(touched after ``epoch``, an alias it handed out is still alive)."""
+        last, refs = cls.touched.get(id(param), (0, []))
+        return last > epoch, any(r() is not None for r in refs)
+
+
+def _watched_data_get(self):
+    data = _TENSOR_DATA.__get__(self)
+    if self.__dict__.get("_fusegraph_data_watch"):
+        DataWatch.touch(self, data)
+    return data
+
+
+def _watched_data_set(self, value):
+    _TENSOR_DATA.__set__(self, value)
+    if self.__dict__.get("_fusegraph_data_watch"):
+        DataWatch.touch(self)
+
+
+def content_hash(t: torch.Tensor) -> int:
+    """A 64-bit fingerprint of a tensor's bytes: the sum of its 32-bit words, each times an odd weight that depends
+    on its position (a changed, swapped or moved value changes it), in chunks of 16 Mi words."""
+    flat = t.detach().reshape(-1)
+    raw = flat.view(torch.uint8) if flat.element_size() != 4 and flat.numel() else flat
+    if raw.numel() * raw.element_size() % 4:
+        raw = torch.cat([raw.view(torch.uint8), raw.new_zeros(4 - raw.numel() * raw.element_size() % 4,
+                                                              dtype=torch.uint8)])
+    words = raw.view(torch.int32)
+    total, chunk = 0, 1 << 24
+    for start in range(0, words.numel(), chunk):
+        part = words[start:start + chunk].to(torch.int64)
+        weights = torch.arange(start, start + part.numel(), dtype=torch.int64, device=part.device) * 2654435761 * 2 + 1
+        total = (total + int((part * weights).sum()) + int((part ^ (part >> 7)).sum())) & (2**64 - 1)
+    return total
+
+
 # At most this many frozen compiles per Dynamo graph (module instances sharing it, weight updates after compile);
 # past it, one compile without freezing serves every other call. Dynamo's own recompile limit is 8 too.
 FROZEN_SPECIALIZATION_LIMIT = 8
 
 
 class FrozenGraph:
-    """A frozen compile, guarded per call: the parameters it folded must be the tensors passed, unchanged.
+    """A frozen compile, guarded per call: the parameters it folded must be the tensors passed.
 
     Dynamo compiles a module class's ``forward`` once and reuses the graph for every instance of the class (the
-    parameters are graph inputs it does not guard), and it does not see weights updated in place. Inductor's
-    own freezing avoids this by making Dynamo guard each parameter's identity while tracing; a backend cannot,
-    so the check runs here, in C++ (``FrozenGuard``: identity, version counter and data pointer per parameter).
+    parameters are graph inputs it does not guard). Inductor's own freezing avoids this by making Dynamo guard
+    each parameter's identity while tracing; a backend cannot, so the check runs here, in C++ (``FrozenGuard``:
+    identity and data pointer per parameter).
+
+    With ``copies=False`` (the default freezing: every constant is a parameter or a view of one) a weight edited in
+    place is read by the next call as it is, so only another tensor or another storage at a frozen position is a
+    miss. With ``copies=True`` (packed or concatenated weights) the guard also tracks version counters, and
+    ``DataWatch`` plus a content hash detect ``.data`` edits, which bypass them; such a change is a miss too.
 
     On a miss the graph is compiled again, frozen on the parameters of this call (another module instance gets
     its own specialization; changed weights are folded anew), up to ``FROZEN_SPECIALIZATION_LIMIT`` frozen
     compiles; past that one unfrozen compile (parameters passed as inputs) serves every call that matches no
     frozen one. Re-compiles run outside Dynamo on this call's inputs, so only static-shape graphs are frozen.
-    Every miss is logged and counted (``stats.frozen_recompiles``; the unfrozen one also in ``stats.fallbacks``).
+    Every miss is logged and counted (``stats.frozen_recompiles``; the unfrozen one also in ``stats.fallbacks``);
+    under ``torch.compiler.set_stance("fail_on_recompile")`` a miss raises instead.
     ``backend`` is the ``fusegraph.Backend`` that compiled it (its ``_compile`` re-compiles)."""
 
-    def __init__(self, backend, gm, example_inputs, params: dict, compiled, graph_id: int):
+    def __init__(self, backend, gm, example_inputs, params: dict, compiled, graph_id: int, copies: bool = False):
         self._guard_type = _C.graph.FrozenGuard
         self._same = _C.graph.FrozenMatch.SAME
         self._changed = _C.graph.FrozenMatch.CHANGED
@@ -189,32 +404,79 @@ class FrozenGraph:
         self.gm = gm
         self.graph_id = graph_id
         self.positions = sorted(params)
-        self.entries = [(self._guard(params), compiled)]  # most recent first
+        self.copies = copies
+        self._epoch = DataWatch.epoch
+        self.entries = [self._entry(params, compiled)]  # most recent first (``_entry``)
         self.frozen_compiles = 1
         self.unfrozen = None
+        self.dead = False
         self._lock = threading.Lock()
 
-    def _guard(self, params: dict):
-        return self._guard_type(self.positions, [params[i] for i in self.positions])
+    def _entry(self, params: dict, compiled) -> list:
+        """[guard, compiled, {position: (weak ref, content hash)} or None, weak refs whose death drops the entry].
+        Nothing in it keeps a parameter alive: when one dies (the model was deleted) the entry lets its compile go,
+        and with it the constants that alias the weights."""
+        tensors = [params[i] for i in self.positions]
+        hashes = None
+        if self.copies:
+            DataWatch.watch(tensors)
+            hashes = {i: (weakref.ref(params[i]), content_hash(params[i])) for i in self.positions}
+        entry = [self._guard_type(self.positions, tensors, self.copies), compiled, hashes, None]
+        graph = weakref.ref(self)
+
+        def died(_ref):
+            entry[0], entry[1], entry[2] = _NEVER, None, None
+            owner = graph()
+            if owner is not None:
+                owner.dead = True
+
+        entry[3] = [weakref.ref(t, died) for t in {id(t): t for t in tensors}.values()]
+        return entry
 
     def __call__(self, *args):
-        guard, compiled = self.entries[0]
-        if guard.check(args) == self._same:
-            return compiled(*args)
+        entries = self.entries
+        if entries and entries[0][0].check(args) == self._same and DataWatch.epoch == self._epoch:
+            return entries[0][1](*args)
         return self._miss(args)(*args)
+
+    def _data_edits(self) -> None:
+        """``.data`` was touched since the last check: an entry one of whose parameters, touched since (or with an
+        alias of its ``.data`` still alive), now hashes differently is marked changed."""
+        alive = False
+        for entry in self.entries:
+            if not isinstance(entry[2], dict):
+                continue
+            for ref, want in entry[2].values():
+                t = ref()
+                if t is None:
+                    continue
+                touched, open_alias = DataWatch.touched_since(self._epoch, t)
+                alive = alive or open_alias
+                if (touched or open_alias) and content_hash(t) != want:
+                    entry[2] = "changed"
+                    break
+        if not alive:
+            self._epoch = DataWatch.epoch
 
     def _miss(self, args):
         with self._lock:
+            if self.dead:  # entries whose parameters died: their compiles are let go
+                self.dead = False
+                self.entries = [e for e in self.entries if e[1] is not None]
+            if DataWatch.epoch != self._epoch:
+                self._data_edits()
             changed = None
-            for k, (guard, compiled) in enumerate(self.entries):
+            for k, (guard, compiled, hashes, _) in enumerate(self.entries):
                 match = guard.check(args)
-                if match == self._same:
+                if match == self._same and hashes != "changed":
                     self.entries.insert(0, self.entries.pop(k))
                     return compiled
-                if match == self._changed:
+                if match == self._changed or (match == self._same and hashes == "changed"):
                     changed = k
-            what = ("weights changed after compile (in-place update or a new .data)" if changed is not None
+            what = ("weights changed after compile (a new .data, or an in-place edit of a weight it copied)"
+                    if changed is not None
                     else "called with other parameter tensors (another module instance, or a replaced parameter)")
+            _refuse_recompile(f"frozen graph {self.graph_id} {what}")
             stats = self.backend.stats
             if self.frozen_compiles < FROZEN_SPECIALIZATION_LIMIT:
                 params = {i: args[i] for i in self.positions}
@@ -223,16 +485,41 @@ class FrozenGraph:
                 _, compiled = self.backend._compile(self.gm, list(args), params, freeze=True, graph_id=self.graph_id)
                 if changed is not None:
                     self.entries.pop(changed)
-                self.entries.insert(0, (self._guard(params), compiled))
+                self.entries.insert(0, self._entry(params, compiled))
                 self.frozen_compiles += 1
                 stats.add(frozen_recompiles=1)
                 return compiled
+            if changed is not None:
+                self.entries.pop(changed)  # its copies are stale: the unfrozen compile serves those weights now
             if self.unfrozen is None:
                 self.backend._fallback(f"frozen graph {what}; {FROZEN_SPECIALIZATION_LIMIT} frozen compiles already: "
                                        "running an unfrozen compile of it for such calls")
                 _, self.unfrozen = self.backend._compile(self.gm, list(args), {}, freeze=False, graph_id=self.graph_id)
                 stats.add(frozen_recompiles=1)
             return self.unfrozen
+
+
+class _Never:
+    """The guard of an entry whose parameters died: matches no call."""
+
+    @staticmethod
+    def check(args):
+        return _C.graph.FrozenMatch.OTHER
+
+
+_NEVER = _Never()
+
+
+def _refuse_recompile(what: str) -> None:
+    """Under ``torch.compiler.set_stance("fail_on_recompile")`` a re-compile raises as Dynamo's own do."""
+    try:
+        from torch._dynamo.eval_frame import _stance
+    except ImportError:
+        return
+    if getattr(_stance, "stance", None) == "fail_on_recompile":
+        from torch._dynamo.exc import RecompileError
+
+        raise RecompileError(f"Detected recompile when torch.compile stance is 'fail_on_recompile': {what}")
 
 
 def is_opaque(x) -> bool:
@@ -348,16 +635,16 @@ def drop_frozen_args(gm, keep):
     return run
 
 
-def freeze_aot_graph(dynamo_gm, aot_gm, aot_inputs, on_failure, concat_linear: bool = True):
-    """Parameters folded into constants (torch._inductor.freezing.freeze): (gm, kept arg indices), or
-    (the unfrozen graph, None) after ``on_failure(reason)`` when freezing fails."""
+def freeze_aot_graph(dynamo_gm, aot_gm, aot_inputs, on_failure, config, params):
+    """Parameters folded into constants (torch._inductor.freezing.freeze) under ``config``'s weight policy:
+    (gm, kept arg indices), or (the unfrozen graph, None) after ``on_failure(reason)`` when freezing fails."""
     from torch._inductor.freezing import freeze
 
     # freeze edits the graph in place; a failure half-way must not leave the unfrozen fallback a graph with
     # some inputs already turned into constants ("forward() takes 9 positional arguments but 11 were given")
     pristine = torch.fx.GraphModule(aot_gm, copy.deepcopy(aot_gm.graph))
     try:
-        with packing_policy(concat_linear), opaque_inputs_stay_inputs():
+        with weight_policy(config, params), opaque_inputs_stay_inputs():
             frozen, keep = freeze(dynamo_gm, aot_gm, list(aot_inputs))
     except Exception as e:  # freezing is an optimisation: never fail a compile over it
         on_failure(f"freezing failed ({type(e).__name__}: {e}); running unfrozen")

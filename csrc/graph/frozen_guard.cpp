@@ -5,18 +5,22 @@
 namespace fusegraph::graph {
 
 namespace {
+// The storage's data pointer without copying the Storage handle (no reference-count traffic on the hot path).
 const void* storage_data(const at::Tensor& t) {
-  return t.has_storage() ? t.storage().data() : nullptr;
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  return impl->has_storage() ? impl->unsafe_storage().data() : nullptr;
 }
 }  // namespace
 
-FrozenGuard::FrozenGuard(std::vector<int64_t> positions, std::vector<at::Tensor> params)
-    : positions_(std::move(positions)), params_(std::move(params)) {
-  TORCH_CHECK(positions_.size() == params_.size(), "FrozenGuard: ", positions_.size(), " positions for ",
-              params_.size(), " parameters");
-  folded_.reserve(params_.size());
-  for (const auto& p : params_) {
+FrozenGuard::FrozenGuard(std::vector<int64_t> positions, std::vector<at::Tensor> params, bool track_versions)
+    : positions_(std::move(positions)), track_versions_(track_versions) {
+  TORCH_CHECK(positions_.size() == params.size(), "FrozenGuard: ", positions_.size(), " positions for ",
+              params.size(), " parameters");
+  folded_.reserve(params.size());
+  params_.reserve(params.size());
+  for (const auto& p : params) {
     TORCH_CHECK(p.defined(), "FrozenGuard: undefined parameter");
+    params_.emplace_back(p.getIntrusivePtr());
     folded_.push_back({p.unsafeGetTensorImpl(), p._version(), storage_data(p)});
   }
 }
@@ -29,7 +33,7 @@ FrozenMatch FrozenGuard::check(const std::vector<const at::Tensor*>& args) const
     if (t == nullptr || !t->defined() || t->unsafeGetTensorImpl() != folded_[i].impl) {
       return FrozenMatch::kOther;
     }
-    if (t->_version() != folded_[i].version || storage_data(*t) != folded_[i].data) {
+    if ((track_versions_ && t->_version() != folded_[i].version) || storage_data(*t) != folded_[i].data) {
       result = FrozenMatch::kChanged;
     }
   }

@@ -335,7 +335,8 @@ void bind_graph(py::module_& m) {
 
   py::class_<fg::FrozenGuard, std::shared_ptr<fg::FrozenGuard>>(
       m, "FrozenGuard", "Per-call check that the parameters a frozen graph folded are the ones passed, unchanged.")
-      .def(py::init<std::vector<int64_t>, std::vector<at::Tensor>>(), py::arg("positions"), py::arg("params"))
+      .def(py::init<std::vector<int64_t>, std::vector<at::Tensor>, bool>(), py::arg("positions"), py::arg("params"),
+           py::arg("track_versions") = true)
       .def(
           "check",
           [](const fg::FrozenGuard& g, const py::tuple& args) {
@@ -350,6 +351,7 @@ void bind_graph(py::module_& m) {
           },
           py::arg("args"), "SAME, CHANGED (same tensors, values changed) or OTHER (other tensors).")
       .def_property_readonly("positions", &fg::FrozenGuard::positions)
+      .def_property_readonly("track_versions", &fg::FrozenGuard::track_versions)
       .def("__len__", &fg::FrozenGuard::size);
 
   py::class_<SlotGuard, std::shared_ptr<SlotGuard>>(
