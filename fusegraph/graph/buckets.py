@@ -4,9 +4,11 @@ one per batch size.
     runner = GraphRunner(fn, {"graph_batch_buckets": (1, 2, 4, 8)})            # automatic batch rule
     runner = GraphRunner(fn, {"graph_batch_buckets": (1, 2, 4, 8)}, batch_args=(0, "mask"))   # explicit
 
-Opt-in, and only correct for functions whose rows along dim 0 are independent (row i of every output depends
-only on row i of the batched inputs, as in a per-token MLP/norm or a per-sample decode step; not a batch
-norm, a sum over the batch, a softmax over dim 0, or attention across the batch). A call of batch size B:
+Only correct for functions whose rows along dim 0 are independent (row i of every output depends only on row i
+of the batched inputs, as in a per-token MLP/norm or a per-sample decode step; not a batch norm, a sum over the
+batch, a softmax over dim 0, or attention across the batch). That is checked from the trace (below, "Which
+functions are bucketed"); a function that fails the check is captured per batch size exactly. A call of batch
+size B:
 
 - B equal to a bucket: runs as it is (no copy, no slicing).
 - B below the largest bucket: every batched input is padded up to the smallest bucket >= B by repeating its
@@ -47,7 +49,31 @@ are still those of the side Dynamo chose, as the graph's ops depend on B only th
 reached from two such graphs is captured once per graph. A graph whose runtime asserts fail at the bucket size
 fails its capture and runs that bucket uncaptured (``graph_fallback``).
 
-Functions that mutate a batched input in place must not use buckets: a padded call mutates the padded copy.
+Which functions are bucketed (static, from the trace): ``batch_rows_mix`` follows the batch through the aten
+graph. Each node is tagged: not batched; batched in dim d with size k*B, batch-major (k = 1, or S after Linear's
+[B*S, D] view); a number that is (an expression of) B; or mixed, with the reason. Each op has a rule: pointwise
+ops, factories and views that move, insert or drop dims follow the output's shape (B in exactly one dim, as k*B);
+reshapes must keep the product of the dims before the batch; reductions, scans, softmax, sort, flip/roll, cat,
+index_select and gather must not work over the batch dim; mm/addmm/linear/gemv need the batch in the rows and a
+non-batched right-hand side, bmm/matmul batch both sides alike; layer/RMS/group norm, eval batch norm, attention,
+conv, pools, pads, embedding and fusegraph's ops need the batch outside the dims they reduce. B used as a value
+(``x / x.shape[0]``), or as a size anywhere but a view or factory, mixes; an op without a rule mixes
+(conservative). A mixed value that reaches an output, a write into a batched input, an output without the batch
+back in dim 0 with k = 1, and (graph routes) an output that is a view of a batched input (aot_autograd rebuilds it
+from the caller's unpadded input) refuse the graph. The graph routes check each aot graph once
+(``graph_route_batch``; the reason in ``stats.fallbacks`` as "batch buckets off for this graph: ..."). GraphRunner
+checks each capture of a bucket that smaller batches pad to: ``fn`` is traced again by make_fx on fakes whose
+batched dim 0 is one symbol (``_trace_symbolic``); a trace that fails, a guard on B that some batch size padded to
+the bucket fails, or a non-batched output whose dim 0 is the bucket (the automatic slicing would cut it) refuse as
+well. A refusal turns the runner's buckets off ("batch buckets off: ...", counted once, logged) and the call runs
+unpadded; every batch size is then captured as it is. Replays run no check (a padded call reads one attribute more,
+for a refusal made by another thread).
+
+A padded call that raises re-raises the same exception type (RuntimeError where that type takes no message),
+chained to the original, naming the padded inputs: "input 0 was padded from batch 3 to bucket 4
+(graph_batch_buckets)".
+
+Functions that mutate a batched input in place are refused (a padded call would mutate the padded copy).
 """
 from __future__ import annotations
 
@@ -145,6 +171,523 @@ def _spec_for(symbol, vals, outs, out):
     return GraphBatchSpec(tensors, ints, out_slice, out_ints, out_auto, symbol), None
 
 
+def _first_line(e) -> str:
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:160]}"
+
+
+# ---- which graphs keep their rows independent (static, from the trace) ----
+#
+# A tag per FX node: None (does not depend on a batched input), a _Rows (a tensor with the batch in dim d, of size
+# k*B, batch-major: the k entries [i*k, (i+1)*k) come from batch row i only; k = 1, or the S of Linear's [B*S, D]
+# view), a _Num (a number that is the batch size or an expression of it) or a _Mix (the rows mix, or cannot be
+# followed: the reason). Each op maps its inputs' tags to its output's by the rules below; an op without a rule
+# mixes whatever batched value reaches it (conservative). A _Mix is reported where it reaches an output or a
+# mutation; an output must have the batch back in dim 0 with k = 1.
+
+class _Mix:
+    __slots__ = ("reason",)
+
+    def __init__(self, reason):
+        self.reason = reason
+
+
+class _Rows:
+    __slots__ = ("dim", "k")
+
+    def __init__(self, dim, k):
+        self.dim = dim  # where the batch is
+        self.k = k      # an int or an expression of other sizes (a symbolic S), never of the batch symbol
+
+
+class _Num:
+    __slots__ = ("exact",)
+
+    def __init__(self, exact):
+        self.exact = exact
+
+
+_BATCH, _BATCH_EXPR = _Num(True), _Num(False)
+
+
+class _Refused(Exception):
+    """A node that refuses the graph whatever its outputs (a mutation of batched data)."""
+
+
+_POINTWISE_EXTRA = frozenset({
+    "_to_copy", "to", "copy", "fill", "detach", "alias", "lift_fresh_copy", "lift_fresh", "contiguous", "type_as",
+    "zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like", "randint_like", "native_dropout",
+    "dropout", "bernoulli", "_conj", "conj", "resolve_conj", "resolve_neg", "clone", "real", "imag", "complex",
+    "polar", "gelu_tanh", "fast_gelu", "mul_add"})
+_LAST_DIM = frozenset({"rms_norm", "adaln", "rope"})  # fusegraph ops over the last dim, operands broadcast
+_DIM_OPS = {  # op -> the arguments naming the dims it works over (the batch dim must not be one)
+    **dict.fromkeys((
+        "sum", "mean", "amax", "amin", "prod", "var", "std", "var_mean", "std_mean", "logsumexp", "any", "all", "max",
+        "min", "argmax", "argmin", "aminmax", "nansum", "nanmean", "median", "nanmedian", "mode", "norm",
+        "linalg_vector_norm", "count_nonzero", "cumsum", "cumprod", "cummax", "cummin", "logcumsumexp", "_softmax",
+        "_log_softmax", "softmax", "log_softmax", "_safe_softmax", "sort", "argsort", "topk", "kthvalue", "glu",
+        "diff", "index_select", "gather", "cat"), ("dim",)),
+    "flip": ("dims",), "roll": ("dims",),
+}
+_NORMS = frozenset({"native_layer_norm", "layer_norm", "_fused_rms_norm", "rms_norm"})
+_BATCH_NORMS = frozenset({"native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
+                          "batch_norm", "_native_batch_norm_legit_no_training"})
+_CONV = frozenset({"convolution", "_convolution", "conv1d", "conv2d", "conv3d", "conv_transpose1d",
+                   "conv_transpose2d", "conv_transpose3d"})
+_ATTENTION = frozenset({
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_attention_math", "scaled_dot_product_attention",
+    "_scaled_dot_product_fused_attention_overrideable", "kv_attention"})
+# views that regroup elements (row-major order kept): the batch stays whole only where the product of the dims
+# before it is unchanged
+_RESHAPES = frozenset({"view", "_unsafe_view", "reshape", "view_copy", "_reshape_alias", "flatten", "unflatten",
+                       "view_as_real", "view_as_complex"})
+# views that move, insert, drop or cut dims: the output's shape alone says where the batch went (in one dim, as
+# k*B: followed; anywhere else: refused); flip and roll reorder a dim without changing its size and are dim ops
+# above; as_strided has no rule
+_VIEWS = _RESHAPES | frozenset({
+    "expand", "expand_copy", "squeeze", "unsqueeze", "permute", "transpose", "t", "movedim", "diagonal", "unfold",
+    "select", "slice", "narrow", "split", "split_with_sizes", "unsafe_split", "unsafe_split_with_sizes", "chunk",
+    "unsafe_chunk", "tensor_split", "unbind", "squeeze_copy", "unsqueeze_copy", "permute_copy", "transpose_copy",
+    "t_copy", "slice_copy", "select_copy", "alias_copy", "stack"})
+_FACTORIES = frozenset({
+    "empty", "zeros", "ones", "full", "empty_strided", "new_empty", "new_zeros", "new_ones", "new_full",
+    "new_empty_strided", "rand", "randn", "randint", "scalar_tensor", "arange", "empty_permuted"})
+# arguments that may carry the batch size as a shape (anywhere else it is used as a value)
+_SIZE_ARGS = frozenset({"size", "shape", "sizes", "stride", "end", "length", "N", "split_sizes", "split_size",
+                        "sections", "indices"})
+_ASSERTS = frozenset({"_assert_async", "_assert_scalar", "_functional_assert_async", "_functional_assert_scalar",
+                      "sym_constrain_range", "sym_constrain_range_for_size", "_assert_tensor_metadata"})
+_SHAPE_QUERIES = frozenset({"sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "size", "stride", "numel",
+                            "dim"})
+_LAST_K = {"pixel_shuffle": 3, "pixel_unshuffle": 3, "channel_shuffle": 2, "tril": 2, "triu": 2, "im2col": 3}
+
+
+def _node_val(n):
+    return n.meta.get("val", n.meta.get("example_value")) if isinstance(n, torch.fx.Node) else n
+
+
+def _locate(v, symbol):
+    """For a tensor value: _Rows(d, k) when dim d is k*symbol (k free of the symbol) and no other dim holds the
+    symbol, None when no dim holds it, False otherwise (the batch in two dims, or in an expression such as B + 1)."""
+    found = None
+    for d, size in enumerate(v.shape):
+        e = _expr(size)
+        if e is None or symbol not in e.free_symbols:
+            continue
+        if found is not None:
+            return False
+        if e == symbol:
+            found = _Rows(d, 1)
+            continue
+        k, rest = e.as_independent(symbol, as_Add=False)
+        if rest != symbol or not (k.is_positive or (k.is_Integer and k > 0)):
+            return False
+        found = _Rows(d, k)
+    return found
+
+
+def _size_expr(v, d):
+    e = _expr(v.shape[d])
+    return e if e is not None else int(v.shape[d])
+
+
+def _outer(v, d):
+    """The product of the sizes before dim d (an int or a sympy expression)."""
+    p = 1
+    for size in v.shape[:d]:
+        p = p * (_expr(size) if _expr(size) is not None else int(size))
+    return p
+
+
+def _bind(op, args, kwargs) -> dict:
+    """The op's arguments by schema name (defaults filled in)."""
+    bound = {}
+    positional = iter(args)
+    for a in op._schema.arguments:
+        if not a.kwarg_only:
+            v = next(positional, _bind)
+            if v is not _bind:
+                bound[a.name] = v
+                continue
+        if a.name in kwargs:
+            bound[a.name] = kwargs[a.name]
+        elif a.has_default_value():
+            bound[a.name] = a.default_value
+    return bound
+
+
+def _op_name(op) -> str:
+    return f"{op.namespace}.{op._schema.name.split('::')[-1]}.{op._overloadname or 'default'}"
+
+
+class _RowCheck:
+    """One pass over an FX graph with ``meta['val']`` on its nodes (an aot graph, or a make_fx symbolic trace)."""
+
+    def __init__(self, gm, batched, symbol):
+        self.gm, self.symbol = gm, symbol
+        self.tags, self.views_of = {}, {}  # node -> tag; node -> the batched input it is a view of
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        for i, n in enumerate(placeholders):
+            if i in batched:
+                self.tags[n], self.views_of[n] = _Rows(0, 1), i
+            else:
+                self.tags[n] = self._num(_node_val(n))
+
+    def _num(self, v):
+        e = v.node.expr if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)) else None
+        if e is None or self.symbol not in e.free_symbols:
+            return None
+        return _BATCH if e == self.symbol else _BATCH_EXPR
+
+    def run(self):
+        """The node tags; raises _Refused."""
+        from .host import single_overload
+
+        for n in self.gm.graph.nodes:
+            if n.op == "placeholder":
+                continue
+            if n.op == "get_attr":
+                self.tags[n] = None
+            elif n.op == "output":
+                break
+            elif n.op == "call_function" and single_overload(n.target) is not None:
+                self.tags[n] = self._op(n, single_overload(n.target))
+            else:
+                self.tags[n] = self._other(n)
+        return self.tags
+
+    @staticmethod
+    def _nodes(x):
+        return [a for a in pytree.tree_leaves(x) if isinstance(a, torch.fx.Node)]
+
+    def _other(self, n):
+        import operator
+
+        inputs = self._nodes((n.args, n.kwargs))
+        tags = [self.tags.get(a) for a in inputs]
+        v = _node_val(n)
+        if n.target is operator.getitem and inputs:
+            parent = self.tags.get(n.args[0])
+            if parent is None or isinstance(parent, _Mix):
+                return parent
+            if isinstance(parent, _Rows) and isinstance(v, torch.Tensor):
+                if n.args[0] in self.views_of:
+                    self.views_of[n] = self.views_of[n.args[0]]
+                return _locate(v, self.symbol) or _Mix(
+                    f"output {n.args[1]} of {n.args[0].name} does not keep the batch in one dim")
+            return _Mix(f"{n.name} takes an item of a batched value")
+        for t in tags:
+            if isinstance(t, _Mix):
+                return t
+        if not isinstance(v, (torch.Tensor, list, tuple)):
+            if any(isinstance(t, _Rows) for t in tags):
+                return _Mix(f"{n.name} ({getattr(n.target, '__name__', n.target)}) reads a batched tensor")
+            return self._num(v)  # symbolic arithmetic: an expression of the batch size?
+        if all(t is None for t in tags):
+            return None
+        return _Mix(f"{n.op} {getattr(n.target, '__name__', n.target)} has no row rule")
+
+    def _op(self, n, op):
+        name = op._schema.name.split("::")[-1]
+        what = _op_name(op)
+        tags = {a: self.tags.get(a) for a in self._nodes((n.args, n.kwargs))}
+        if name in _ASSERTS:
+            return None
+        bound = _bind(op, n.args, n.kwargs)
+        if op._schema.is_mutable:
+            return self._mutation(n, op, name, what, bound, tags)
+        for t in tags.values():
+            if isinstance(t, _Mix):
+                return t
+        rows = [a for a, t in tags.items() if isinstance(t, _Rows)]
+        nums = [key for key, a in bound.items() if any(isinstance(tags.get(x), _Num) for x in self._nodes(a))]
+        if not rows and not nums:
+            return None
+        v = _node_val(n)
+        if isinstance(v, (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)):
+            if name in _SHAPE_QUERIES:  # x.shape[0] of a batched x: the batch size
+                return self._num(v)
+            return _Mix(f"{what} reads a number out of batched data") if rows else self._num(v)
+        out = v if isinstance(v, torch.Tensor) else next(
+            (x for x in pytree.tree_leaves(v) if isinstance(x, torch.Tensor)), None) if v is not None else None
+        if out is None:
+            return _Mix(f"{what} on batched data has no tensor output the analysis can follow")
+        value_nums = [key for key in nums if key not in _SIZE_ARGS]
+        if value_nums:
+            return _Mix(f"{what} uses the batch size as a value (argument {value_nums[0]!r})")
+        if nums and name not in _VIEWS and name not in _FACTORIES and name != "native_group_norm":
+            return _Mix(f"{what} takes the batch size as a size")
+        why = self._rule(op, name, bound, tags, rows, out)
+        if why is not None:
+            return _Mix(f"{what} {why}")
+        tag = _locate(out, self.symbol)
+        if tag is False:
+            return _Mix(f"{what} puts the batch in more than one dim or merges it (output shape {tuple(out.shape)})")
+        if tag is None:
+            if rows and name not in _FACTORIES:
+                return _Mix(f"{what} reduces or selects the batch away (output shape {tuple(out.shape)})")
+            return None
+        size = _size_expr(out, tag.dim)
+        for a in rows:
+            av, at = _node_val(a), tags[a]
+            if name in _RESHAPES:  # the same elements before the batch: the batch-major blocks stay whole
+                if _outer(av, at.dim) != _outer(out, tag.dim):
+                    return _Mix(f"{what} regroups the batch with other dims ({tuple(av.shape)} -> {tuple(out.shape)})")
+            elif _size_expr(av, at.dim) != size:
+                return _Mix(f"{what} changes the batch layout of {a.name} ({tuple(av.shape)} -> {tuple(out.shape)})")
+        if name in _VIEWS:
+            src = bound.get("self", bound.get("input"))
+            if isinstance(src, torch.fx.Node) and src in self.views_of:
+                self.views_of[n] = self.views_of[src]
+        return tag
+
+    def _rule(self, op, name, bound, tags, rows, out):
+        """None when the op keeps the rows of its batched inputs (its output's shape is checked after), else why."""
+        def tag(key):
+            a = bound.get(key)
+            return tags.get(a) if isinstance(a, torch.fx.Node) else None
+
+        def ndim(key):
+            a = bound.get(key)
+            v = _node_val(a) if isinstance(a, torch.fx.Node) else None
+            return v.ndim if isinstance(v, torch.Tensor) else 0
+
+        def bdim(key):
+            t = tag(key)
+            return t.dim if isinstance(t, _Rows) else None
+
+        def others_free(*keys):
+            for key, a in bound.items():
+                if key not in keys and any(isinstance(tags.get(x), _Rows) for x in self._nodes(a)):
+                    return f"reads batched argument {key!r}"
+            return None
+
+        def batch_outside_last(k, *keys):
+            """Every batched operand (of ``keys``, or all) has the batch outside its last k dims."""
+            for a in rows if not keys else [bound.get(key) for key in keys if isinstance(tag(key), _Rows)]:
+                if tags[a].dim >= _node_val(a).ndim - k:
+                    return f"works over {a.name}'s dim {tags[a].dim}, its batch dim"
+            return None
+
+        if torch.Tag.pointwise in op.tags or name in _POINTWISE_EXTRA or name in _VIEWS or name in _FACTORIES:
+            return None  # broadcasting and views: the output's shape decides
+        if name in _LAST_DIM:
+            return batch_outside_last(1)
+        if name in _DIM_OPS:
+            src = "tensors" if name == "cat" else "self"
+            base = out.ndim if name == "cat" else ndim("self")
+            batch = next((tags[a].dim for a in self._nodes(bound.get(src)) if isinstance(tags.get(a), _Rows)), None)
+            for key in _DIM_OPS[name]:
+                dims = bound.get(key)
+                if key not in bound or dims is None or (isinstance(dims, (list, tuple)) and not dims
+                                                        and name != "flip"):
+                    return "works over every dim, the batch dim included"
+                for d in dims if isinstance(dims, (list, tuple)) else (dims,):
+                    if not isinstance(d, int):
+                        return f"has a symbolic dim {d}"
+                    if batch is not None and (d % base if base else d) == batch:
+                        verb = {"cat": "concatenates", "index_select": "indexes", "gather": "gathers"}.get(
+                            name, "works")
+                        return f"{verb} over the batch (dim {batch})"
+            if name == "index_select" and isinstance(tag("index"), _Rows) and tag("self") is not None:
+                return "indexes a batched tensor with a batched index"
+            return None
+        if name in ("mm", "addmm", "_addmm_activation"):
+            lhs = "mat1" if "mat1" in bound else "self"
+            if bdim(lhs) != 0:
+                return "multiplies over the batch (contracted, or a batched right-hand side)"
+            return others_free(lhs, "input" if lhs == "self" else "self")
+        if name in ("mv", "addmv"):
+            lhs = "mat" if "mat" in bound else "self"
+            if bdim(lhs) != 0:
+                return "multiplies over the batch"
+            return others_free(lhs, "self" if lhs == "mat" else "input")
+        if name in ("bmm", "baddbmm"):
+            a, b = ("self", "mat2") if name == "bmm" else ("batch1", "batch2")
+            if bdim(a) == 0 and bdim(b) == 0:
+                return None
+            if bdim(a) == 1 and tag(b) is None:
+                return others_free(a, "self")
+            return "multiplies over the batch"
+        if name == "matmul":
+            a, b, na, nb = bdim("self"), bdim("other"), ndim("self"), ndim("other")
+            if a is not None and b is None and a < na - 1 and nb <= 2:
+                return None
+            if a is not None and a == b and a < min(na, nb) - 2 and na == nb:
+                return None
+            if a is None and tag("self") is None and b is not None and na <= 2 and b < nb - 2:
+                return None
+            return "multiplies over the batch"
+        if name in ("linear", "gemv"):
+            key = "input" if "input" in bound else "x"
+            if bdim(key) is None or bdim(key) >= ndim(key) - 1:
+                return "multiplies over the batch"
+            return others_free(key)
+        if name in _ATTENTION:
+            q = "query" if "query" in bound else "q"
+            if not isinstance(tag(q), _Rows):
+                return "attends from non-batched queries"
+            return batch_outside_last(2)
+        if name in _NORMS:
+            return batch_outside_last(len(bound.get("normalized_shape") or ()), "input") or others_free("input")
+        if name == "native_group_norm":
+            nv = bound.get("N")
+            e = _expr(_node_val(nv)) if isinstance(nv, torch.fx.Node) else None
+            iv = _node_val(bound["input"]) if isinstance(bound.get("input"), torch.fx.Node) else None
+            if bdim("input") != 0 or iv is None or e != _expr(iv.shape[0]):
+                return "normalises groups across the batch"
+            return others_free("input", "N")
+        if name in _BATCH_NORMS:
+            if name != "_native_batch_norm_legit_no_training" and bound.get("training", True) is not False:
+                return "normalises over the batch (batch norm in training mode)"
+            if bdim("input") == 1 or ndim("input") < 2:
+                return "normalises with the batch as the channel dim"
+            return others_free("input")
+        if name in _CONV:
+            if bdim("input") != 0 or ndim("input") != ndim("weight"):
+                return "convolves over the batch dim"
+            return others_free("input")
+        if name == "embedding":
+            return None if tag("weight") is None else "looks up a batched table"
+        if name in ("index", "_unsafe_index"):
+            indices = list(bound.get("indices") or [])
+            batched_index = [i for i, x in enumerate(indices) if isinstance(tags.get(x), _Rows)]
+            if isinstance(tag("self"), _Rows):
+                d = bdim("self")
+                if batched_index or (d < len(indices) and indices[d] is not None):
+                    return "indexes the batch dim"
+                return None
+            if batched_index == [0] and all(x is None for x in indices[1:]):
+                return None  # rows of a table picked per batch row
+            return "indexes with a batched index"
+        if name == "constant_pad_nd":
+            return batch_outside_last(len(bound.get("pad") or ()) // 2, "self")
+        if name == "repeat":
+            reps = list(bound.get("repeats") or ())
+            d = bdim("self")
+            return None if d is not None and reps[len(reps) - ndim("self") + d] == 1 else "repeats the batch"
+        spatial = next((int(c) for c in "123" if f"{c}d" in name), None)
+        if spatial is not None and any(w in name for w in ("pool", "upsample", "reflection_pad", "replication_pad")):
+            src = "self" if "self" in bound else "input"
+            return batch_outside_last(spatial, src) or others_free(src)
+        if name in _LAST_K:
+            return batch_outside_last(_LAST_K[name], "self")
+        return "has no row rule (not known to keep rows independent)"
+
+    def _mutation(self, n, op, name, what, bound, tags):
+        written = [a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+        for key in written:
+            for a in self._nodes(bound.get(key)):
+                if a in self.views_of:
+                    raise _Refused(f"{what} writes batched input {self.views_of[a]} in place (a padded call would "
+                                   "write the padded copy)")
+        # the functional form's rule; the written tensor must already be batched alike
+        functional = getattr(getattr(torch.ops.aten, name.rstrip("_"), None), op._overloadname or "default", None)
+        if isinstance(functional, torch._ops.OpOverload) and not functional._schema.is_mutable:
+            tag = self._op(n, functional)
+        else:
+            tag = None if all(t is None for t in tags.values()) else _Mix(f"{what} has no row rule")
+        for key in written:
+            for a in self._nodes(bound.get(key)):
+                t = tags.get(a)
+                same = (t is None and tag is None) or (
+                    isinstance(t, _Rows) and isinstance(tag, _Rows) and (t.dim, t.k) == (tag.dim, tag.k))
+                if not same:
+                    raise _Refused(tag.reason if isinstance(tag, _Mix) else
+                                   f"{what} writes into {a.name}, batched otherwise than what it writes")
+        return tag
+
+
+def batch_rows_mix(gm, batched, symbol, *, int_outputs: bool, aliased_outputs: bool):
+    """Why the rows of ``gm``'s outputs are not each a function of the same row of its batched inputs (the
+    placeholders at positions ``batched``, dim 0 = ``symbol``), or None when they are. ``int_outputs``: an output
+    that is the batch size itself is allowed (the graph routes give it back as B); ``aliased_outputs``: an output
+    may be a view of a batched input (aot_autograd rebuilds such outputs from the caller's unpadded input, so on the
+    graph routes it may not)."""
+    check = _RowCheck(gm, set(batched), symbol)
+    try:
+        tags = check.run()
+    except _Refused as e:
+        return str(e)
+    except Exception as e:  # a node the analysis cannot read: not bucketed
+        return f"the row analysis failed ({_first_line(e)})"
+    out = gm.graph.output_node().args[0]
+    for j, node in enumerate(out if isinstance(out, (list, tuple)) else [out]):
+        if not isinstance(node, torch.fx.Node):
+            continue
+        tag = tags.get(node)
+        if isinstance(tag, _Mix):
+            return tag.reason
+        if isinstance(tag, _Rows):
+            if tag.dim != 0:
+                return f"output {j} has the batch in dim {tag.dim}"
+            if tag.k != 1:
+                return f"output {j} has the batch merged into dim 0 ({tag.k}*B rows)"
+            if not aliased_outputs and node in check.views_of:
+                return (f"output {j} is a view of batched input {check.views_of[node]} (aot_autograd rebuilds it from "
+                        "the caller's unpadded input)")
+        elif isinstance(tag, _Num) and not (tag.exact and int_outputs):
+            return f"output {j} is {'the batch size' if tag.exact else 'an expression of the batch size'} as a number"
+    return None
+
+
+def graph_route_batch(gm):
+    """The graph routes' bucket decision for an aot graph: (GraphBatchSpec, None) to bucket it, (None, None) for a
+    static graph (captured as it is), (None, why) for one that is not bucketed: no batch symbol qualifies
+    (``graph_batch_spec``), or its rows are not independent (``batch_rows_mix``)."""
+    spec, why = graph_batch_spec(gm)
+    if spec is None:
+        return None, why
+    why = batch_rows_mix(gm, spec.tensors, spec.symbol, int_outputs=True, aliased_outputs=False)
+    return (None, why) if why else (spec, None)
+
+
+class _BucketsOff(Exception):
+    """Raised out of a GraphRunner capture whose row analysis turned the runner's buckets off; the bucket layer
+    runs the call again, unpadded."""
+
+
+def _trace_symbolic(flat_fn, tensors, batched):
+    """``flat_fn`` traced by make_fx on fake copies of ``tensors`` whose dim 0 is one symbol where ``batched``
+    (every other size static): (graph, its ShapeEnv, the symbol). No data is read or written."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=env, allow_non_fake_inputs=True)
+    fakes = []
+    for t, bt in zip(tensors, batched):
+        # DUCK: every batched dim 0 (all of size B) is the same symbol
+        dims = [DimDynamic.DUCK if bt and d == 0 else DimDynamic.STATIC for d in range(t.ndim)]
+        fakes.append(mode.from_tensor(t, symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims)))
+    with torch.no_grad():
+        gm = make_fx(flat_fn, tracing_mode="symbolic")(*fakes)
+    symbol = _expr(next(f for f, bt in zip(fakes, batched) if bt).shape[0])
+    return gm, env, symbol
+
+
+def _guard_breaks(env, symbol, sizes):
+    """Why the trace at the bucket size is not the program of every batch size in ``sizes`` (a guard on the batch
+    size that another of them fails), or None."""
+    import sympy
+
+    if env.replacements.get(symbol) is not None and env.replacements[symbol] != symbol:
+        return f"the function specialises the batch size ({symbol} = {env.replacements[symbol]})"
+    exprs = [g.expr for g in env.guards]
+    for asserts in getattr(env, "deferred_runtime_asserts", {}).values():
+        exprs += [a.expr for a in asserts]
+    for e in exprs:
+        if symbol not in getattr(e, "free_symbols", ()):
+            continue
+        if e.free_symbols != {symbol}:
+            return f"the function checks the batch size against data ({e})"
+        for b in sizes:
+            if e.xreplace({symbol: sympy.Integer(b)}) is not sympy.true:
+                return f"the function branches on the batch size ({e} does not hold for batch {b})"
+    return None
+
 def _check_batch_args(batch_args):
     if isinstance(batch_args, (int, str)):
         batch_args = (batch_args,)
@@ -174,6 +717,7 @@ class BatchBuckets:
         self.batch_args = None if batch_args is None or self.spec is not None else _check_batch_args(batch_args)
         self._overflow_logged = False
         self._row_index: dict = {}
+        self.off = None  # why the row analysis turned this runner's buckets off (GraphRunner's rule), or None
 
     def _rows(self, b: int, bucket: int, device):
         """The row index [0, 1, ..., b-1, b-1, ...] of length bucket (one index_select pads: half a torch.cat's
@@ -290,14 +834,111 @@ class BatchBuckets:
             return runner._call(*args, **kwargs)
         bucket = self.bucket_for(b)
         if bucket == b:
-            return runner._call(*args, **kwargs)
+            try:
+                return runner._call(*args, **kwargs)
+            except _BucketsOff:  # its capture found mixed rows: buckets are off, captured as it is
+                return runner._call(*args, **kwargs)
         if bucket is None:
             return self._overflow(b, args, kwargs)
         if b == 0:
             return runner._eager("batch buckets: batch size 0 (no row to pad with)", args, kwargs)
         pargs, pkwargs = self.pad(args, kwargs, b, bucket)
+        try:
+            out = runner._call(*pargs, **pkwargs)
+        except _BucketsOff:
+            return runner._call(*args, **kwargs)
+        except Exception as e:
+            if self.off is not None:  # turned off meanwhile (another thread): this call is not padded either
+                return runner._call(*args, **kwargs)
+            raise self._padded_error(e, args, kwargs, b, bucket) from e
+        if self.off is not None:  # another thread turned buckets off after this call padded: run it as it is
+            return runner._call(*args, **kwargs)
         runner.stats.add(bucket_padded_calls=1)
-        return self.unpad(runner._call(*pargs, **pkwargs), b, bucket)
+        return self.unpad(out, b, bucket)
+
+    def _padded_error(self, e, args, kwargs, b, bucket):
+        """``e``, raised by a padded call, as the same exception type (RuntimeError where that type does not take
+        a message) saying which inputs were padded."""
+        if self.spec is not None:
+            where = [str(p) for p in self.spec.tensors if p < len(args) and isinstance(args[p], torch.Tensor)]
+        else:
+            marked = self.batch_args if self.batch_args is not None else list(range(len(args))) + list(kwargs)
+            where = []
+            for a in marked:
+                value = (args[a] if a < len(args) else None) if isinstance(a, int) else kwargs.get(a)
+                if any(isinstance(x, torch.Tensor) and x.ndim >= 1 and x.shape[0] == b
+                       for x in pytree.tree_leaves(value)):
+                    where.append(str(a) if isinstance(a, int) else repr(a))
+        what = (f"input {where[0]} was" if len(where) == 1 else f"inputs {', '.join(where)} were")
+        ints = f"; int input(s) {', '.join(map(str, self.spec.ints))} set to {bucket}" if self.spec and \
+            self.spec.ints else ""
+        msg = (f"fusegraph: {self.runner.name}: this call failed on a padded batch: {what} padded from batch {b} "
+               f"to bucket {bucket} (graph_batch_buckets){ints}: {e}")
+        try:
+            return type(e)(msg)
+        except Exception:
+            return RuntimeError(msg)
+
+    # ---- the row analysis (GraphRunner's rule; the graph routes decide once per graph: graph_route_batch) ----
+    def check_capture(self, leaves, in_spec, args, kwargs) -> None:
+        """Called by GraphRunner at each capture: a capture whose batch size is a bucket that smaller batches pad
+        to is first traced with a symbolic batch size (``_trace_symbolic``, fakes only) and checked: guards on the
+        batch size must hold for every batch size padded to it, and every output row must depend only on the
+        same input row (``batch_rows_mix``). Where not, buckets go off for the runner (the reason counted in
+        stats.fallbacks, logged once) and ``_BucketsOff`` makes the caller run the call unpadded."""
+        if self.spec is not None or self.off is not None:
+            return
+        b = self.batch_size(args, kwargs)
+        i = bisect.bisect_left(self.buckets, b) if b is not None else len(self.buckets)
+        if i == len(self.buckets) or self.buckets[i] != b:
+            return
+        sizes = range((self.buckets[i - 1] if i else 0) + 1, b)
+        if not sizes:  # no batch size pads to this bucket
+            return
+        why = self._rows_why(leaves, in_spec, args, kwargs, b, sizes)
+        if why is None:
+            return
+        runner = self.runner
+        self.off, runner._buckets = why, None
+        runner.stats.add_fallback(f"batch buckets off: {why}")
+        _log.warning("fusegraph: %s: batch buckets off (every batch size is captured as it is): %s", runner.name,
+                     why)
+        raise _BucketsOff(why)
+
+    def _rows_why(self, leaves, in_spec, args, kwargs, b, sizes):
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        from .runner import capture_lock, fx_tracing_window
+
+        tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+        if self.batch_args is None:
+            batched = [t.ndim >= 1 and t.shape[0] == b for t in tensors]
+        else:
+            ids = {id(x) for _, a in self._marked(args, kwargs) for x in pytree.tree_leaves(a)}
+            batched = [id(t) in ids and t.ndim >= 1 for t in tensors]
+        flat_fn, box = self.runner._flat_fn(leaves, in_spec, args, kwargs)
+        try:
+            with capture_lock(), fx_tracing_window("capture"), unset_fake_temporarily():
+                gm, env, symbol = _trace_symbolic(flat_fn, tensors, batched)
+        except Exception as e:
+            return f"the function does not trace with a symbolic batch size ({_first_line(e)})"
+        why = _guard_breaks(env, symbol, sizes) or batch_rows_mix(
+            gm, [j for j, bt in enumerate(batched) if bt], symbol, int_outputs=False, aliased_outputs=True)
+        if why:
+            return why
+        # the automatic slicing of outputs (dim 0 == bucket) must meet exactly the batched ones
+        out = gm.graph.output_node().args[0]
+        for j, n in enumerate(out if isinstance(out, (list, tuple)) else [out]):
+            v = _node_val(n)
+            if isinstance(v, torch.Tensor) and v.ndim >= 1 and _locate(v, symbol) is None and v.shape[0] == b:
+                return (f"output {j} is not batched, but its dim 0 is {b}, the bucket size: a padded call would "
+                        "slice it")
+        for j, size in (box.get("constants") or {}).items():
+            exprs = [_expr(d) for d in size]
+            if any(e is not None and symbol in e.free_symbols for e in exprs[1:]) or \
+                    (size and exprs[0] is None and size[0] == b):
+                return f"output {j} is a torch.Size that a padded call would give back wrong ({tuple(size)})"
+        return None
 
     def _overflow(self, b, args, kwargs):
         runner = self.runner

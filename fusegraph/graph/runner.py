@@ -50,7 +50,7 @@ from .. import _C
 from ..stats import Stats
 
 from . import ranks
-from .buckets import graph_batch_spec, make_buckets
+from .buckets import _BucketsOff, graph_route_batch, make_buckets
 from .drivers import select_driver, static_buffers
 from .host import single_overload
 from .options import GraphOptions
@@ -161,6 +161,7 @@ class GraphRunner:
         self._specs: dict = {}  # argument TreeSpec -> its signature value
         # graph_batch_buckets: pad the batch up to a bucket, replay that bucket's graph, slice back (buckets.py)
         self._buckets = make_buckets(self, o.graph_batch_buckets, batch_args)
+        self._bucket_layer = self._buckets  # kept when the row analysis turns buckets off (_buckets = None)
         # Multi-process: the group whose ranks take every capture decision together (ranks.py); None: rank-local
         self._group = ranks.group_for_runner(process_group, fn)
         self._check_calls = self._group is not None and o.graph_rank_check == "call"
@@ -295,6 +296,12 @@ class GraphRunner:
     def capture(self, *args, lazy: bool | None = None) -> bool:
         """Captures the signature of ``args`` now (compile-time capture). Returns False when it fell back.
         With batch buckets, the signature of ``args`` padded to their bucket (nothing beyond the largest)."""
+        try:
+            return self._capture_args(args, lazy)
+        except _BucketsOff:  # the row analysis turned buckets off: the signature of args as they are
+            return self._capture_args(args, lazy)
+
+    def _capture_args(self, args, lazy) -> bool:
         if self._buckets is not None:
             args = self._buckets.capture_args(args)
             if args is None:
@@ -323,6 +330,8 @@ class GraphRunner:
 
     def _capture(self, leaves, in_spec, args, kwargs, *, lazy) -> bool:
         o = self.options
+        if self._bucket_layer is not None:  # rows independent? (buckets.py; raises _BucketsOff where not)
+            self._bucket_layer.check_capture(leaves, in_spec, args, kwargs)
         if self._group is not None:  # every rank captures the same signature now, or all raise (ranks.py)
             ranks.check_signatures(self._group, ranks.tensor_signature(leaves), self.name)
         if not o.graph_recapture:
@@ -581,8 +590,9 @@ def compile_graph_route(gm, example_inputs, config=None, stats: Stats | None = N
     # the graph's weights are the backend's business: inputs, or constants it froze and guards (freezing.FrozenGraph)
     options, batch = GraphOptions.from_config(config), None
     if options.graph_batch_buckets and isinstance(gm, torch.fx.GraphModule):
-        # exact batch rule from the trace (buckets.py): Dynamo's symbolic dim 0; a static graph runs as it is
-        batch, why = graph_batch_spec(gm)
+        # exact batch rule from the trace (buckets.py): Dynamo's symbolic dim 0, rows independent; a static graph
+        # runs as it is
+        batch, why = graph_route_batch(gm)
         if batch is None:
             options = GraphOptions(**{**options.__dict__, "graph_batch_buckets": ()})
             if why and stats is not None:

@@ -140,16 +140,16 @@ def test_bucket_sized_batch_is_not_copied():
     seen = []
 
     def fn(x):
-        seen.append(x.data_ptr())
+        seen.append(x)  # (the row analysis traces fn on a fake first: fn reads no data here)
         return x * 2
 
     r = GraphRunner(fn, buckets(device_graph="none"))  # uncaptured: fn sees the tensors the runner passes
     x = torch.randn(4, 3)
     r(x)
-    assert seen[-1] == x.data_ptr() and r.stats.bucket_padded_calls == 0
+    assert seen[-1] is x and r.stats.bucket_padded_calls == 0
     y = torch.randn(3, 3)
     torch.testing.assert_close(r(y), y * 2, rtol=0, atol=0)
-    assert seen[-1] != y.data_ptr() and r.stats.bucket_padded_calls == 1
+    assert seen[-1] is not y and seen[-1].shape == (4, 3) and r.stats.bucket_padded_calls == 1
 
 
 def test_ambiguous_non_batched_tensor_and_batch_args():
@@ -160,7 +160,11 @@ def test_ambiguous_non_batched_tensor_and_batch_args():
 
     x = torch.randn(3, 16)
     auto = GraphRunner(fn, buckets())
-    assert auto(x, table).shape == (3, 4)  # the documented ambiguity: the table was padded too
+    # the documented ambiguity: the automatic rule pads the table too, and x @ table.T then multiplies by a batched
+    # right-hand side; the row analysis sees it and turns buckets off: the call runs unpadded
+    out = auto(x, table)
+    assert out.shape == (3, 3) and _buckets_off(auto.stats.fallbacks) == 1
+    torch.testing.assert_close(out, fn(x, table))
     for batch_args in ((0,), 0, ("x",)):
         r = GraphRunner(fn, buckets(), batch_args=batch_args)
         out = r(x, table) if batch_args != ("x",) else r(x=x, table=table)
@@ -278,3 +282,199 @@ def test_backend_route_batch_size_branch_stays_correct():
             assert torch.equal(compiled(x), m(x))
     s = backend.stats
     assert (s.graphs_compiled, s.graphs_captured, s.replays, s.bucket_padded_calls) == (3, 5, 8, 4)
+
+
+# ---- functions whose rows are not independent: decided from the trace, not bucketed ----
+# Each mixing function below gives another result on a padded batch (or fails there); the trace shows why: a
+# reduction, softmax, matmul or concatenation over dim 0, the batch moved out of dim 0, or the batch size used as a
+# number. Such a function is captured per batch size exactly, the reason counted in stats.fallbacks.
+
+MIXING = {
+    "center": lambda x: x - x.mean(0),
+    "softmax_dim0": lambda x: torch.softmax(x, 0),
+    "sum_dim0": lambda x: x.sum(0),
+    "gram": lambda x: x @ x.T,
+    "transpose": lambda x: (x * 2).t(),
+    "cat_dim0": lambda x: torch.cat([x, x + 1], 0) * 2,
+    "cumsum_dim0": lambda x: x.cumsum(0),
+    "by_batch_size": lambda x: x / x.shape[0],
+    "batch_norm_train": lambda x: F.batch_norm(x, None, None, training=True),
+}
+
+W16 = torch.randn(16, 16)
+ROW_WISE = {
+    "elementwise": lambda x: torch.sigmoid(x) * x + 1,
+    "linear": lambda x: F.linear(x, W16, W16[0]),
+    "layer_norm": lambda x: F.layer_norm(x, (16,)),
+    "rms_norm": lambda x: F.rms_norm(x, (16,), W16[0]) * 2,
+    "softmax_last": lambda x: torch.softmax(x, -1),
+    "attention": lambda x: F.scaled_dot_product_attention(*(x.view(x.shape[0], 2, 2, 4),) * 3).flatten(1),
+    "view_keeps_dim0": lambda x: x.view(x.shape[0], 4, 4).sum(-1),
+    "flatten_linear": lambda x: (x.view(x.shape[0], 2, 8) @ W16[:8]).amax(1),
+    "cat_last": lambda x: torch.cat([x, x.cos()], -1),
+}
+
+
+def _eager_equal(out, ref):
+    assert type(out) is type(ref) and out.shape == ref.shape
+    torch.testing.assert_close(out, ref)
+
+
+def _buckets_off(fallbacks) -> int:
+    return sum(n for reason, n in fallbacks.items() if "batch buckets off" in reason)
+
+
+@pytest.mark.parametrize("name", sorted(MIXING))
+def test_runner_mixing_function_is_captured_per_batch_size(name):
+    fn = MIXING[name]
+    r = GraphRunner(fn, buckets())
+    with torch.no_grad():
+        for b in (3, 5, 2, 3, 4, 6, 7):
+            x = torch.randn(b, 16)
+            _eager_equal(r(x), fn(x))
+    s = r.stats
+    assert _buckets_off(s.fallbacks) == 1, s.fallbacks  # refused once, with the reason
+    assert s.bucket_padded_calls == 0
+    assert s.graphs_captured == 6 and s.replays == 7  # one graph per batch size seen: 3, 5, 2, 4, 6, 7
+
+
+def test_runner_batch_passed_as_int_is_captured_per_batch_size():
+    def fn(x, n):
+        return x.reshape(n, -1) + 1
+
+    r = GraphRunner(fn, buckets())
+    for b in (3, 5, 3):
+        x = torch.randn(b, 16)
+        _eager_equal(r(x, b), fn(x, b))
+    assert _buckets_off(r.stats.fallbacks) == 1 and r.stats.bucket_padded_calls == 0
+    assert r.stats.graphs_captured == 2
+
+
+def test_runner_refusal_names_the_reason(caplog):
+    r = GraphRunner(MIXING["center"], buckets())
+    with caplog.at_level(logging.WARNING, logger="fusegraph.graph"):
+        r(torch.randn(3, 16))
+    (reason,) = [k for k in r.stats.fallbacks if "batch buckets off" in k]
+    assert "mean" in reason and "dim 0" in reason
+    assert any("batch buckets off" in m for m in caplog.messages)
+
+
+def test_runner_mixing_after_an_exact_bucket_capture():
+    """A bucket-size call captures first (no padding); the analysis at that capture already turns buckets off, so
+    the padded call never replays the bucket's graph."""
+    fn = MIXING["center"]
+    r = GraphRunner(fn, buckets())
+    for b in (4, 3):
+        x = torch.randn(b, 16)
+        _eager_equal(r(x), fn(x))
+    assert r.stats.bucket_padded_calls == 0 and _buckets_off(r.stats.fallbacks) == 1
+
+
+@pytest.mark.parametrize("name", sorted(ROW_WISE))
+def test_runner_row_wise_function_keeps_its_buckets(name):
+    fn = ROW_WISE[name]
+    r = GraphRunner(fn, buckets())
+    with torch.no_grad():
+        for b in range(1, 9):
+            x = torch.randn(b, 16)
+            _eager_equal(r(x), fn(x))
+    s = r.stats
+    assert (s.graphs_captured, s.bucket_padded_calls, s.replays) == (4, 4, 8)
+    assert not s.fallbacks
+
+
+GRAPH_ROUTES = ["graph_only", "graph_with_compile"]
+
+
+def _compiled(fn, route):
+    torch._dynamo.reset()
+    backend = fusegraph.Backend(CompilationConfig(**{route: True}, graph_batch_buckets=BUCKETS))
+    return torch.compile(fn, backend=backend), backend
+
+
+@pytest.mark.parametrize("route", GRAPH_ROUTES)
+@pytest.mark.parametrize("name", sorted(MIXING))
+def test_backend_route_mixing_function_is_not_bucketed(route, name):
+    fn = MIXING[name]
+    compiled, backend = _compiled(fn, route)
+    with torch.no_grad():
+        for b in (2, 3, 5, 6, 3):  # Dynamo: a static graph at 2, then one with a symbolic batch size
+            x = torch.randn(b, 16)
+            _eager_equal(compiled(x), fn(x))
+    s = backend.stats
+    assert s.bucket_padded_calls == 0
+    assert _buckets_off(s.fallbacks) >= 1, s.fallbacks
+
+
+@pytest.mark.parametrize("route", GRAPH_ROUTES)
+def test_backend_route_batch_passed_as_int_is_not_bucketed(route):
+    def fn(x, n):
+        return x.reshape(n, -1)
+
+    compiled, backend = _compiled(fn, route)
+    for b in (1, 2, 3, 5, 3):
+        x = torch.randn(b, 16)
+        _eager_equal(compiled(x, b), fn(x, b))
+    assert backend.stats.bucket_padded_calls == 0 and _buckets_off(backend.stats.fallbacks) >= 1
+
+
+@pytest.mark.parametrize("route", GRAPH_ROUTES)
+@pytest.mark.parametrize("name", sorted(ROW_WISE))
+def test_backend_route_row_wise_function_keeps_its_buckets(route, name):
+    fn = ROW_WISE[name]
+    compiled, backend = _compiled(fn, route)
+    with torch.no_grad():
+        for b in (1, 2, 3, 5, 6, 3):
+            x = torch.randn(b, 16)
+            _eager_equal(compiled(x), fn(x))
+    s = backend.stats
+    assert s.bucket_padded_calls == 4  # 3, 5, 6, 3
+    assert not _buckets_off(s.fallbacks), s.fallbacks
+
+
+# ---- a padded call that fails says so ----
+
+TABLE = torch.randn(10, 16)
+
+
+def embed(ids):
+    return F.embedding(ids, TABLE) * 2
+
+
+def _bad_ids(b):
+    ids = torch.randint(0, 10, (b, 5))
+    ids[-1, -1] = 10  # out of range: eager raises too
+    return ids
+
+
+def _assert_padded_error(excinfo, b=3, bucket=4):
+    msg = str(excinfo.value)
+    assert f"padded from batch {b} to bucket {bucket} (graph_batch_buckets)" in msg, msg
+    assert excinfo.value.__cause__ is not None and str(excinfo.value.__cause__) in msg
+
+
+def test_runner_padded_call_error_says_it_was_padded():
+    r = GraphRunner(embed, buckets())
+    for b in (3, 4):
+        ids = torch.randint(0, 10, (b, 5))
+        _eager_equal(r(ids), embed(ids))
+    assert r.stats.bucket_padded_calls == 1 and not r.stats.fallbacks  # row-wise: bucketed
+    with pytest.raises(IndexError) as excinfo:  # the original type
+        r(_bad_ids(3))
+    _assert_padded_error(excinfo)
+    assert "input 0 was padded" in str(excinfo.value)
+    with pytest.raises(IndexError) as excinfo:  # not padded: the error as eager raises it
+        r(_bad_ids(4))
+    assert "padded" not in str(excinfo.value)
+
+
+@pytest.mark.parametrize("route", GRAPH_ROUTES)
+def test_backend_route_padded_call_error_says_it_was_padded(route):
+    compiled, backend = _compiled(embed, route)
+    for b in (1, 2, 3):
+        ids = torch.randint(0, 10, (b, 5))
+        _eager_equal(compiled(ids), embed(ids))
+    assert backend.stats.bucket_padded_calls == 1
+    with pytest.raises(IndexError) as excinfo:
+        compiled(_bad_ids(3))
+    _assert_padded_error(excinfo)
