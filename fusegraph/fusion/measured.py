@@ -124,16 +124,21 @@ class MeasuredGraph:
         self._measuring = threading.Lock()
         self.chosen = None  # the winning compile once decided
         self.choice = None  # FUSED or INDUCTOR once decided
+        self.last_served = None  # FUSED or INDUCTOR: the compile that served the last call (read-only; for tests)
 
     def __call__(self, *args):
         chosen = self.chosen
         if chosen is not None:
+            self.last_served = self.choice
             return chosen(*args)
         if not self._measuring.acquire(blocking=False):  # another thread is measuring: no timing of this call
             fns = self._fns
-            return (self.chosen or fns.get(FUSED) or fns[INDUCTOR])(*args)
+            fn = self.chosen or fns.get(FUSED) or fns[INDUCTOR]
+            self.last_served = FUSED if fn is fns.get(FUSED) else INDUCTOR
+            return fn(*args)
         try:
             if self.chosen is not None:
+                self.last_served = self.choice
                 return self.chosen(*args)
             return self._measured_call(args)
         finally:
@@ -142,6 +147,7 @@ class MeasuredGraph:
     def _measured_call(self, args):
         name, timed = self._steps[self._step]
         fn = self._fns[name]
+        self.last_served = name
         if timed:
             _synchronize(self._device)
             recompiles = self._recompiles()
@@ -153,6 +159,7 @@ class MeasuredGraph:
                 raise
             # Plain Inductor failing where fusegraph's compile runs: keep fusegraph's (and say so).
             self._decide(FUSED, why=f"Inductor's own compile failed at run time ({type(e).__name__}: {e})")
+            self.last_served = FUSED
             return self.chosen(*args)
         if timed:
             _synchronize(self._device)

@@ -1,6 +1,6 @@
 """An independent count of the fusion sites a model's forward holds, per family (rms_norm, rope, adaln, gelu,
 mul_add). Independent: nothing here imports or reuses fusegraph (its patterns, passes or stats); the zoo tests
-compare ``backend.stats.patterns`` with these counts.
+compare the fused ops in the graphs fusegraph hands on, and ``backend.stats.patterns``, with these counts.
 
 Capture: the unfused aten graph exactly as fusegraph receives it — ``torch.compile`` with a recording backend,
 ``aot_autograd(fw_compiler=record, inference_compiler=record, decompositions=select_decomp_table())`` (Inductor's
@@ -251,11 +251,13 @@ def rms_outputs(graph):
             if op(n) == "mul" and len(n.args) == 2 and any(isinstance(a, Node) and rms_site(through(a)) for a in n.args)]
 
 
-def modulation_sites(graph, claimed, weights=frozenset()) -> dict:
+def modulation_sites(graph, claimed, weights=frozenset(), by_norm=None) -> dict:
     """Modulations of normalised outputs, by family: ``adaln`` (LayerNorm, ``* (1 + scale) + shift``), ``adaln_rms``
     (RMSNorm, ``* (1 + scale) + shift``), ``adaln_noshift`` (LayerNorm or RMSNorm, ``* (1 + scale)`` whose product is
     added to nothing). The norm output may pass through layout ops and at most one affine ``mul`` and one affine
-    ``add`` by a 1-D ``[D]`` tensor first (the norm's own weight and bias)."""
+    ``add`` by a 1-D ``[D]`` tensor first (the norm's own weight and bias). ``by_norm`` (a dict), when given, also
+    counts the modulated norms (one per norm output, however many modulations it has), by kind: ``"layer"`` and
+    ``"rms"``."""
     counts = dict(adaln=0, adaln_rms=0, adaln_noshift=0)
     norms = [(n, "adaln") for n in ln_outputs(graph)] + [(n, "adaln_rms") for n in rms_outputs(graph)]
     for norm, with_shift in norms:
@@ -302,6 +304,9 @@ def modulation_sites(graph, claimed, weights=frozenset()) -> dict:
                 break
         if found:  # a modulated norm's affine weight and bias belong to its modulation site
             claimed.update(affine)
+            if by_norm is not None:
+                kind = "rms" if with_shift == "adaln_rms" else "layer"
+                by_norm[kind] = by_norm.get(kind, 0) + 1
     return counts
 
 
@@ -499,12 +504,12 @@ def rms_sites(graph, weights=frozenset()) -> int:
     return count
 
 
-def count_graph(graph, weights=frozenset()) -> dict:
+def count_graph(graph, weights=frozenset(), by_norm=None) -> dict:
     """Sites per family in one aten FX graph; ``weights``: its nodes computed from weights alone (see
-    :func:`weight_values`)."""
+    :func:`weight_values`); ``by_norm``: see :func:`modulation_sites`."""
     claimed: set = set()
     counts = dict(rms_norm=rms_sites(graph, weights), rope=rope_sites(graph, claimed))
-    counts.update(modulation_sites(graph, claimed, weights))
+    counts.update(modulation_sites(graph, claimed, weights, by_norm))
     counts["gelu"] = gelu_sites(graph, claimed)
     counts["mul_add"] = mul_add_sites(graph, claimed)
     return counts
@@ -573,8 +578,10 @@ def folded(gm) -> torch.fx.Graph:
     return CSEPass()(torch.fx.GraphModule(gm, graph)).graph_module.graph
 
 
-def count_sites(graphs, frozen: bool = False) -> dict:
-    """Sites per family over ``graphs`` (from :func:`capture`); ``frozen``: in the graphs as freezing folds them."""
+def count_sites(graphs, frozen: bool = False, by_norm=None) -> dict:
+    """Sites per family over ``graphs`` (from :func:`capture`); ``frozen``: in the graphs as freezing folds them;
+    ``by_norm`` (a dict), when given, also counts the modulated norms by kind, ``"layer"`` and ``"rms"`` (a modulated
+    RMSNorm is an rms_norm site that the fused modulation computes: no rms_norm op of its own)."""
     total = dict.fromkeys(FAMILIES, 0)
     for gm in graphs:
         if frozen:
@@ -582,7 +589,7 @@ def count_sites(graphs, frozen: bool = False) -> dict:
             weights = {n for n in graph.nodes if n.op == "placeholder" and n.name.startswith("folded_")}
         else:
             graph, weights = gm.graph, weight_values(gm)
-        for k, v in count_graph(graph, weights).items():
+        for k, v in count_graph(graph, weights, by_norm).items():
             total[k] += v
     return total
 

@@ -2,13 +2,24 @@
 ``inductor=False`` (fused aten ops) and ``graph_with_compile=True`` (fusion, then a host-graph capture) — in fp32,
 no grad:
 
-- every output tensor matches eager (``assert_close(rtol=1e-4, atol=1e-4)``) on two calls with fresh inputs of
-  the same shape (the graph route captures on the first and replays on the second);
+- every output tensor matches eager (``assert_close(rtol=1e-4, atol=1e-4)``) on every call, the first and then calls
+  with fresh inputs of the same shape, until fusegraph's own compile of every Dynamo graph has served at least two of
+  its calls on fresh inputs (``FRESH_FUSED``; at most ``MAX_CALLS`` calls). On the aten and graph routes every call
+  is fusegraph's (the graph route captures on the first and replays after): three calls. On the default route
+  (``fusion_choice="auto"``) a graph is measured (fusegraph.fusion.measured.MeasuredGraph): its first calls alternate
+  between fusegraph's compile and plain Inductor's, so call 2 is plain Inductor's; which compile served each call is
+  the graph's ``last_served`` (``Recording``): five calls for graphs called once a forward (fusegraph's compile on
+  calls 1, 3 and 5, plain Inductor's on 2 and 4);
 - on the graph route, no call runs uncaptured (a capture that fails silently loses the route's point);
-- the fused count per family (``backend.stats.patterns``) equals the sites that the independent counter
-  (tests/zoo/site_counter.py) finds in the graphs Dynamo hands over (on the default route, which freezes: in those
-  graphs with every value computed from weights alone folded, as freezing computes it at compile time — BriaFibo2's
-  RMSNorms of its learned latent queries), less the sites ``KNOWN_UNFUSED`` lists with their reasons;
+- the fused ops in the graphs the backend hands on (``Backend.last_graph_ops`` of each Dynamo graph of the first
+  call: ``fusegraph.rms_norm.default`` ...) equal, per op (``FUSED_OPS``: the three adaln families are one op), the
+  sites that the independent counter (tests/zoo/site_counter.py) finds in the graphs Dynamo hands over (on the
+  default route, which freezes: in those graphs with every value computed from weights alone folded, as freezing
+  computes it at compile time — BriaFibo2's RMSNorms of its learned latent queries), less the sites
+  ``KNOWN_UNFUSED`` lists with their reasons, less the sites the default route lowered back to Inductor's code
+  (``stats.lowered``), and for ``fusegraph.rms_norm`` less the modulated RMSNorms (the fused modulation,
+  ``fusegraph.adaln(norm="rms")``, computes the norm); and the matched sites per family (``stats.patterns``) equal
+  the sites less ``KNOWN_UNFUSED`` (the split of the adaln op into its three families);
 - no graph-break regression: the backend's first call breaks the model into no more Dynamo graphs, and no more
   graph breaks, than the plain capture (a recording aot_autograd backend — graph breaks are Dynamo's, so this is
   what ``torch.compile(backend="inductor")`` gets too).
@@ -19,13 +30,17 @@ All failures of one case are reported together (numerics, counts, breaks), so on
 bf16 (Flux, SD3.5, Wan): the fused model's max error against a float64 copy of the same bf16 model is no worse
 than eager bf16's error (10% slack: see ``test_bf16_error_vs_float64``).
 
+Zoo entries are classes, and for a few classes a second config: ``<Class>@diffusers-test``, the tiny config and
+inputs of diffusers' own model test of the class (LuminaNext, Mochi, Cosmos3; see ``DIFFUSERS_TEST_ROPE_CALLS``).
+
 Tiers: the fast tier (default, part of ``make test``) runs FAST_ALL_ROUTES — five models of different block kinds —
-on all three routes, the bf16 checks and the counter's own tests (about 5 minutes of 2-core CPU time; every model
-on one route alone would take longer: 68 models x 10-30 s); the full tier (``make test-zoo``) runs every model on
-every route.
+on all three routes, the diffusers-test configs' RoPE check on the aten route, the bf16 checks and the counter's own
+tests (about 5 minutes of 2-core CPU time; every model on one route alone would take longer: 71 entries x 10-30 s);
+the full tier (``make test-zoo``) runs every entry on every route.
 """
 from __future__ import annotations
 
+import collections
 import copy
 import functools
 
@@ -36,6 +51,7 @@ from torch._dynamo.utils import counters
 
 from fusegraph import Backend, CompilationConfig, zoo
 from fusegraph.bench.zoo import tensors
+from fusegraph.fusion import measured
 from tests.zoo.site_counter import FAMILIES, capture, count_sites
 
 ROUTES = {"default": {}, "aten": dict(inductor=False), "graph": dict(graph_with_compile=True)}
@@ -44,6 +60,16 @@ FAST_ALL_ROUTES = ("FluxTransformer2DModel", "SD3Transformer2DModel", "WanTransf
                    "PixArtTransformer2DModel", "Lumina2Transformer2DModel")
 BF16_MODELS = ("FluxTransformer2DModel", "SD3Transformer2DModel", "WanTransformer3DModel")
 TOL = dict(rtol=1e-4, atol=1e-4)
+# The fused ops of the graphs handed on, by name (Backend.last_graph_ops), and the site families each one fuses:
+# one fusegraph.adaln op serves the three adaln families (norm="rms" / shift=None tell them apart, not the name).
+FUSED_OPS = {"fusegraph.rms_norm.default": "rms_norm", "fusegraph.rope.default": "rope",
+             "fusegraph.adaln.default": "adaln", "fusegraph.gelu_tanh.default": "gelu",
+             "fusegraph.fast_gelu.default": "gelu", "fusegraph.mul_add.default": "mul_add",
+             "fusegraph.mul_add.Scalar": "mul_add"}
+OP_FAMILIES = {"rms_norm": ("rms_norm",), "rope": ("rope",), "adaln": ("adaln", "adaln_rms", "adaln_noshift"),
+               "gelu": ("gelu",), "mul_add": ("mul_add",)}
+FRESH_FUSED = 2  # calls on fresh inputs that fusegraph's compile of each Dynamo graph must serve
+MAX_CALLS = 6  # calls of the compiled model at most (the default route needs five: see the module docstring)
 
 
 def _is_fast(name: str, route: str) -> bool:
@@ -58,14 +84,64 @@ def _cases():
 
 
 @functools.lru_cache(maxsize=None)
-def plain_capture(name: str) -> tuple[dict, dict, int, int]:
-    """(sites per family, the same in the graphs as freezing folds them, Dynamo graphs, graph breaks) of one forward
-    of the fp32 zoo model, unfused."""
+def plain_capture(name: str) -> tuple[dict, dict, int, int, dict, dict]:
+    """(sites per family, the same in the graphs as freezing folds them, Dynamo graphs, graph breaks, the modulated
+    norms by kind, the same frozen) of one forward of the fp32 zoo model, unfused."""
     model, kwargs = zoo.build(name)
     counters.clear()
     graphs, _ = capture(model, **kwargs)
     breaks = sum(counters["graph_break"].values())
-    return count_sites(graphs), count_sites(graphs, frozen=True), len(graphs), breaks
+    norms, frozen_norms = {}, {}
+    return (count_sites(graphs, by_norm=norms), count_sites(graphs, frozen=True, by_norm=frozen_norms), len(graphs),
+            breaks, norms, frozen_norms)
+
+
+class Recording:
+    """A ``torch.compile`` backend around a fusegraph ``Backend``: the ops of each graph it hands on
+    (``Backend.last_graph_ops`` right after compiling that Dynamo graph) and, per call of each compiled graph, the
+    compile that served it — on the default route a measured graph (``measured.MeasuredGraph``) says it
+    (``last_served``: fusegraph's compile, ``measured.FUSED``, or plain Inductor's); any other compiled graph is
+    fusegraph's (the session's verdict cache starts empty, tests/conftest.py, so no cached verdict hands a graph to
+    plain Inductor unmeasured: ``stats.graph_choices`` would say so)."""
+
+    def __init__(self, backend: Backend):
+        self.backend = backend
+        self.ops: list = []  # per Dynamo graph, in compile order: Counter of op names
+        self.served: list = []  # (model call, graph, compile) per graph call
+        self.model_call = 0  # set by the caller before each call of the compiled model
+
+    def __call__(self, gm, example_inputs):
+        compiled = self.backend(gm, example_inputs)
+        graph = len(self.ops)
+        self.ops.append(collections.Counter(self.backend.last_graph_ops))
+
+        def call(*args):
+            out = compiled(*args)
+            served = compiled.last_served if isinstance(compiled, measured.MeasuredGraph) else measured.FUSED
+            self.served.append((self.model_call, graph, served))
+            return out
+
+        if getattr(compiled, "_boxed_call", False):
+            call._boxed_call = True
+        return call
+
+    def fused_fresh(self) -> dict:
+        """{graph: calls fusegraph's compile served on fresh inputs (model calls after the first)} for every graph
+        called after the first model call."""
+        counts: dict = {}
+        for model_call, graph, served in self.served:
+            if model_call > 1:
+                counts[graph] = counts.get(graph, 0) + (served == measured.FUSED)
+        return counts
+
+
+def fused_ops(ops: collections.Counter) -> dict:
+    """Fused op counts of the graphs handed on, by ``OP_FAMILIES`` key."""
+    counts = dict.fromkeys(OP_FAMILIES, 0)
+    for op_name, n in ops.items():
+        if op_name in FUSED_OPS:
+            counts[FUSED_OPS[op_name]] += n
+    return counts
 
 
 def compare(tag: str, got, expected, problems: list, tol=TOL) -> None:
@@ -127,41 +203,109 @@ def test_zoo(name, route):
             torch.compile(model)(**kw)
         torch._dynamo.reset()
         pytest.xfail(f"plain Inductor cannot compile {name} on CPU: {INDUCTOR_CANNOT_COMPILE[name]}")
-    sites, frozen_sites, plain_graphs, plain_breaks = plain_capture(name)
+    sites, frozen_sites, plain_graphs, plain_breaks, norms, frozen_norms = plain_capture(name)
     if route == "default":  # freezing computes weight-only values (and any site among them) at compile time
-        sites = frozen_sites
+        sites, norms = frozen_sites, frozen_norms
     model, kw1 = zoo.build(name)
-    kw2 = zoo.inputs(name, seed=1)
+    kws = [kw1] + [zoo.inputs(name, seed=i) for i in range(1, MAX_CALLS)]
     with torch.no_grad():
-        eager1, eager2 = model(**kw1), model(**kw2)
+        eagers = [model(**kw) for kw in kws]
 
     backend = Backend(CompilationConfig(**ROUTES[route]))
+    recording = Recording(backend)
     torch._dynamo.reset()
     counters.clear()
+    outs = []
     with torch.no_grad(), inductor_config.patch(fx_graph_cache=False):
-        compiled = torch.compile(model, backend=backend)
-        out1 = compiled(**kw1)
-        graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
-        out2 = compiled(**kw2)
+        compiled = torch.compile(model, backend=recording)
+        for i, kw in enumerate(kws):
+            recording.model_call = i + 1
+            outs.append(compiled(**kw))
+            if i == 0:  # one forward's graphs: what the counter counted
+                graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+                ops = sum(recording.ops, collections.Counter())
+                lowered = dict(backend.stats.lowered)
+                matched = {k: backend.stats.patterns.get(k, 0) for k in FAMILIES}
+            fresh = recording.fused_fresh()
+            if i >= FRESH_FUSED and all(n >= FRESH_FUSED for n in fresh.values()):
+                break
+    kws, eagers = kws[:len(outs)], eagers[:len(outs)]
 
     problems = []
-    compare("call 1", out1, eager1, problems)
-    compare("call 2 (fresh inputs)", out2, eager2, problems)
+    served = {}
+    for model_call, _, compile_ in recording.served:
+        served.setdefault(model_call, set()).add(compile_)
+    for i, (out, eager) in enumerate(zip(outs, eagers)):
+        by = "+".join(sorted(served.get(i + 1, ()))) or "no compiled graph"
+        compare(f"call {i + 1} ({'compiling' if i == 0 else 'fresh inputs'}; served by {by})", out, eager, problems)
     if problems and route == "default":
-        problems = inductor_deviation(model, (kw1, kw2), (eager1, eager2), (out1, out2), problems)
-    fused = {k: backend.stats.patterns.get(k, 0) for k in FAMILIES}
+        problems = inductor_deviation(model, kws, eagers, outs, problems)
+    short = {g: n for g, n in recording.fused_fresh().items() if n < FRESH_FUSED}
+    if short or not recording.fused_fresh():
+        problems.append(f"fusegraph's compile served too few calls on fresh inputs in {len(outs)} calls (graph: "
+                        f"calls, of at least {FRESH_FUSED}): {short or 'no graph called after the first call'}")
+    if backend.stats.graph_choices.get(measured.INDUCTOR):
+        problems.append(f"plain Inductor's compile was chosen for a graph (cached verdict?): "
+                        f"{backend.stats.graph_choices}")
     known, _ = KNOWN_UNFUSED.get(name, ({}, ""))
     sites = {k: v - known.get(k, 0) for k, v in sites.items()}
-    if fused != sites:
-        diff = {k: f"sites {sites[k]} fused {fused[k]}" for k in FAMILIES if sites[k] != fused[k]}
-        problems.append(f"fused counts differ from the sites: {diff}")
+    # the fused ops the graphs hand on: the sites, less those lowered back to Inductor's code, less the modulated
+    # RMSNorms for the rms_norm op (fusegraph.adaln(norm="rms") computes such a norm itself)
+    expected = {op: sum(sites[f] - (lowered.get(f) or 0) for f in fams) for op, fams in OP_FAMILIES.items()}
+    expected["rms_norm"] -= norms.get("rms", 0)
+    fused = fused_ops(ops)
+    if fused != expected:
+        diff = {k: f"expected {expected[k]} in the graph {fused[k]}" for k in OP_FAMILIES if expected[k] != fused[k]}
+        problems.append(f"fused ops in the graphs handed on differ from the sites less those lowered "
+                        f"{ {k: v for k, v in lowered.items() if v} }: {diff}")
+    if matched != sites:
+        diff = {k: f"sites {sites[k]} matched {matched[k]}" for k in FAMILIES if sites[k] != matched[k]}
+        problems.append(f"matched sites (stats.patterns) differ from the sites: {diff}")
     if route == "graph" and backend.stats.eager_calls:  # every call of every Dynamo graph replays a capture
         problems.append(f"{backend.stats.eager_calls} calls ran uncaptured: {backend.stats.fallbacks}")
     if graphs > plain_graphs or breaks > plain_breaks:
         problems.append(f"graph breaks: {graphs} graphs / {breaks} breaks, plain torch.compile {plain_graphs} / "
                         f"{plain_breaks}")
-    print(f"\n{name} [{route}] sites {sites} fused {fused}")
+    print(f"\n{name} [{route}] sites {sites} fused ops {fused} lowered { {k: v for k, v in lowered.items() if v} } "
+          f"calls {len(outs)}, fusegraph's compile on fresh inputs {recording.fused_fresh()}")
     assert not problems, f"{name} [{route}]:\n  " + "\n  ".join(problems)
+
+
+# diffusers' own model-test configs (zoo entries "<Class>@diffusers-test"; every route in the full tier) of the three
+# classes whose RoPE those configs once left unfused, with the fusegraph.rope calls one forward runs on the aten route:
+# LuminaNext 2 blocks x (q, k of self-attention, q of cross-attention), its real-valued test table included; Mochi
+# 2 blocks x (q, k) through one compiled frame (the processor's graph breaks make apply_rotary_emb a frame of its own,
+# compiled once: the counter finds 1 site); Cosmos3 2 layers x 5 applications, of which k_und_for_gen is k_und's
+# (no extra norm for it in this config), computed once after freezing's CSE: 4 calls per layer.
+DIFFUSERS_TEST_ROPE_CALLS = {"LuminaNextDiT2DModel@diffusers-test": 6, "MochiTransformer3DModel@diffusers-test": 4,
+                             "Cosmos3OmniTransformer@diffusers-test": 8}
+
+
+@pytest.mark.parametrize("name", list(DIFFUSERS_TEST_ROPE_CALLS))
+def test_diffusers_test_config_fuses_every_rope_site(name):
+    """Fast tier: the aten route (no Inductor compile) fuses every RoPE site the counter finds, every RoPE
+    application of a forward runs as the fused op, and both calls (the second with fresh inputs) equal eager."""
+    from torch.profiler import ProfilerActivity, profile
+
+    sites = plain_capture(name)[0]["rope"]
+    model, kw1 = zoo.build(name)
+    kw2 = zoo.inputs(name, seed=1)
+    with torch.no_grad():
+        eager1, eager2 = model(**kw1), model(**kw2)
+    backend = Backend(CompilationConfig(**ROUTES["aten"]))
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled = torch.compile(model, backend=backend)
+        out1 = compiled(**kw1)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            out2 = compiled(**kw2)
+    calls = sum(1 for e in prof.events() if e.name == "fusegraph::rope")
+    problems = []
+    compare("call 1", out1, eager1, problems)
+    compare("call 2 (fresh inputs)", out2, eager2, problems)
+    assert not problems, problems
+    assert sites > 0 and backend.stats.patterns["rope"] == sites, (sites, backend.stats.patterns)
+    assert calls == DIFFUSERS_TEST_ROPE_CALLS[name], calls
 
 
 def _max_error(out, ref) -> float:
