@@ -589,7 +589,8 @@ def drop_unused_opaque_inputs(gm, inputs):
 
 
 def has_symbolic_inputs(gm, example_inputs) -> bool:
-    """Dynamo compiled this graph for symbolic sizes (dynamic shapes): SymInt inputs or symbolic tensor sizes."""
+    """Dynamo compiled this graph for symbolic values: SymInt inputs, symbolic tensor sizes, or scalars read from
+    tensors (``.item()``). Such a graph is not frozen (a frozen graph re-compiles outside Dynamo)."""
     if any(not isinstance(x, torch.Tensor) and not is_opaque(x) for x in example_inputs):
         return True
     for node in gm.graph.nodes:
@@ -598,6 +599,11 @@ def has_symbolic_inputs(gm, example_inputs) -> bool:
             if isinstance(val, torch.SymInt) or (
                     isinstance(val, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in val.shape)):
                 return True
+        # a data-dependent scalar (Dynamo passes a Python float attribute that changed as a 0-d tensor and reads it
+        # with .item()): only Dynamo's tracing can compile it, not a frozen graph's re-compile
+        elif (node.op == "call_method" and node.target in ("item", "tolist")) or \
+                node.target in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default):
+            return True
     return False
 
 

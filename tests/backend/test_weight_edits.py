@@ -18,7 +18,7 @@ from fusegraph import Backend, CompilationConfig, freezing
 
 ROUTES = {
     "default": {},  # fusion_choice="auto": the first calls alternate between fusegraph's and Inductor's compile
-    "model": dict(fusion_choice="model"),
+    "model": dict(fusion_choice="model", cpp_wrapper=False),  # the wrapper does not change what a graph reads
     "aten": dict(inductor=False),
     "graph_with_compile": dict(graph_with_compile=True),
     "graph_only": dict(graph_only=True),
@@ -264,3 +264,30 @@ def test_deleted_models_free_their_weights_with_weight_copies():
         del m, fn
         gc.collect()
     assert sum(r() is not None for r in refs) == 0
+
+
+@pytest.mark.parametrize("route", ["default", "aten"])
+def test_a_float_attribute_read_from_a_tensor_is_not_frozen(route):
+    """After a float attribute changes, Dynamo passes it as a 0-d tensor read with ``.item()``; a frozen graph's
+    re-compile (outside Dynamo) cannot trace that, so such a graph is not frozen and a replaced weight is read."""
+
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(16, 16)
+            self.scale = 1.0
+
+        def forward(self, x):
+            return self.lin(x) * self.scale
+
+    m = Scaled().eval()
+    fn = torch.compile(m, backend=_compiled(route))
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(fn(x), m(x), rtol=1e-5, atol=1e-5)
+        m.scale = 0.7
+        torch.testing.assert_close(fn(x), m(x), rtol=1e-5, atol=1e-5)
+        m.scale = 0.3
+        torch.testing.assert_close(fn(x), m(x), rtol=1e-5, atol=1e-5)
+        m.lin.weight.data = torch.randn(16, 16)
+        torch.testing.assert_close(fn(x), m(x), rtol=1e-5, atol=1e-5)
