@@ -69,8 +69,14 @@ def _compiled(route, **extra):
 
 
 def _check(fn, m, what):
+    """fp32 against eager on fresh inputs, the absolute tolerance taken relative to the output's scale: some edits
+    (``numpy_write`` adds 0.5 to every weight of a 32-wide projection) make outputs of ~10 whose residual sums
+    cancel to ~0.1, where a rounding-level difference is ~1e-5 absolute (the compiled result is then no farther
+    from a float64 model than eager's); a stale weight is off by 0.1-10."""
     x = torch.randn(2, 8, 32)
-    torch.testing.assert_close(fn(x), m(x), rtol=1e-5, atol=1e-5, msg=lambda s: f"after {what}: {s}")
+    ref = m(x)
+    atol = 1e-5 * max(1.0, ref.abs().max().item())
+    torch.testing.assert_close(fn(x), ref, rtol=1e-5, atol=atol, msg=lambda s: f"after {what}: {s}")
 
 
 def _apply(m, name):
@@ -100,7 +106,7 @@ def test_every_edit_is_read_or_detected(route):
                 assert sum(after) > sum(before), f"{name}: a replaced weight was not re-compiled"
 
 
-@pytest.mark.parametrize("route", ["default", "aten", "graph_with_compile"])
+@pytest.mark.parametrize("route", ["default", "model", "aten", "graph_with_compile"])
 def test_edits_after_the_measurement_window_and_past_the_refreeze_limit(route, monkeypatch):
     """Edits made once the measured choice has decided (after its first 30 calls), and once the frozen graph ran out
     of frozen compiles (the unfrozen compile then serves other weights): still read."""
@@ -117,7 +123,9 @@ def test_edits_after_the_measurement_window_and_past_the_refreeze_limit(route, m
         for name in ("data_assign", "data_assign", "replace_parameter"):  # 1 frozen re-compile, then unfrozen
             _apply(m, name)
             _check(fn, m, f"{name} (the re-freeze limit)")
-        assert any("unfrozen compile" in r for r in backend.stats.fallbacks)
+        # the measured choice may have kept plain Inductor's compile (parameters as inputs: nothing to re-freeze)
+        if route != "default" or backend.stats.graph_choices["fused"]:
+            assert any("unfrozen compile" in r for r in backend.stats.fallbacks), backend.stats.fallbacks
         for name in ("data_iadd", "data_zero", "scalar_data_fill", "load_state_dict"):
             _apply(m, name)
             _check(fn, m, f"{name} past the re-freeze limit")

@@ -308,16 +308,22 @@ def test_diffusers_test_config_fuses_every_rope_site(name):
     assert calls == DIFFUSERS_TEST_ROPE_CALLS[name], calls
 
 
-def _max_error(out, ref) -> float:
-    return max((o.double() - r).abs().max().item() for o, r in zip(tensors(out), tensors(ref)))
+def _errors(out, ref) -> tuple:
+    """(max, root-mean-square) absolute error of every output tensor against the float64 reference."""
+    diffs = [(o.double() - r).abs().reshape(-1) for o, r in zip(tensors(out), tensors(ref))]
+    d = torch.cat(diffs)
+    return d.max().item(), d.pow(2).mean().sqrt().item()
 
 
 @pytest.mark.parametrize("name", BF16_MODELS)
 def test_bf16_error_vs_float64(name):
     """The fused bf16 model is no less accurate than eager bf16, both against a float64 copy of the same bf16
-    weights and inputs. Slack 10%: fusion removes roundings (it can only help), but Inductor also reorders fp32
-    accumulations (matmul blocking, reductions), which moves individual elements across a bf16 rounding boundary
-    either way; the max over the output of such a change is a small fraction of eager's own error, not a trend."""
+    weights and inputs: its root-mean-square error is at most eager's (fusion removes roundings; no slack), and its
+    largest error at most 10 % above the larger of eager's and plain ``torch.compile``'s. The max is one element:
+    Inductor's code reorders fp32 accumulations (matmul blocking, reductions) and computes bf16 linears without
+    packed weights a little differently from eager's oneDNN calls, which moves single elements across a bf16
+    rounding boundary either way (tiny SD3.5 on an AVX512-BF16 CPU: eager 0.0194, plain torch.compile 0.0225,
+    fusegraph 0.0225, while the RMS errors are 0.0062, 0.0049, 0.0049); the RMS is what a trend would move."""
     model, kw = zoo.build(name, torch.bfloat16)
     model64 = copy.deepcopy(model).double()
     kw64 = zoo._cast(kw, torch.float64)
@@ -326,10 +332,16 @@ def test_bf16_error_vs_float64(name):
         ref = model64(**kw64)
         eager = model(**kw)
         fused = torch.compile(model, backend=backend)(**kw)
+        torch._dynamo.reset()
+        plain = torch.compile(model)(**kw)
     assert sum(backend.stats.patterns.values()) > 0, "nothing fused: the comparison would be eager against eager"
-    eager_err, fused_err = _max_error(eager, ref), _max_error(fused, ref)
-    print(f"\n{name} bf16 max error vs float64: eager {eager_err:.4g} fused {fused_err:.4g}")
-    assert fused_err <= 1.1 * eager_err, f"fused error {fused_err:.4g} > eager's {eager_err:.4g}"
+    (eager_max, eager_rms), (fused_max, fused_rms) = _errors(eager, ref), _errors(fused, ref)
+    plain_max = _errors(plain, ref)[0]
+    print(f"\n{name} bf16 error vs float64 (max / rms): eager {eager_max:.4g} / {eager_rms:.4g}, "
+          f"fused {fused_max:.4g} / {fused_rms:.4g}, plain torch.compile max {plain_max:.4g}")
+    assert fused_rms <= eager_rms, f"fused RMS error {fused_rms:.4g} > eager's {eager_rms:.4g}"
+    assert fused_max <= 1.1 * max(eager_max, plain_max), \
+        f"fused max error {fused_max:.4g} > eager's {eager_max:.4g} and plain torch.compile's {plain_max:.4g}"
 
 
 # A rejected pattern match is no error: compiling must leave stderr clean (no error-level log lines, no tracebacks,
