@@ -21,7 +21,7 @@ import threading
 
 import torch
 
-from ._verdicts import VerdictFile
+from ._verdicts import VerdictFile, is_timed_verdict
 
 log = logging.getLogger("fusegraph")
 
@@ -39,7 +39,8 @@ def cache_path() -> str:
     return os.path.join(cache_dir(), "fusegraph_packing", f"conv_v{CACHE_VERSION}.json")
 
 
-_verdicts = VerdictFile(lambda: cache_path())  # key -> [pack?, t_plain, t_packed]
+_verdicts = VerdictFile(lambda: cache_path(),  # key -> [pack?, t_plain, t_packed]
+                        valid=lambda v: is_timed_verdict(v, (True, False)))
 
 
 def decisions() -> list:

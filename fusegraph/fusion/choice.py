@@ -35,6 +35,8 @@ from typing import Optional
 import torch
 import torch.fx
 
+from .._verdicts import number, read_json
+
 log = logging.getLogger("fusegraph")
 
 MARGIN = 0.05
@@ -236,6 +238,40 @@ def _device_key(device: torch.device) -> str:
     return device.type
 
 
+def _checked_table(data) -> dict:
+    """A cost-table file's content when it has this version's shape (``CostModel.tables``: device -> thread count ->
+    family -> dtype -> points ``[log2 numel, ratio(, fused op's time)]`` in increasing numel), else ValueError or
+    TypeError saying what is wrong."""
+    if not isinstance(data, dict) or data.get("version") != TABLE_VERSION:
+        raise ValueError(f"not a version-{TABLE_VERSION} cost table")
+    tables = data.get("tables")
+    if not isinstance(tables, dict):
+        raise TypeError("'tables' is not an object")
+    for dev, per_threads in tables.items():
+        if not isinstance(per_threads, dict):
+            raise TypeError(f"tables[{dev!r}] is not an object")
+        for threads, families in per_threads.items():
+            if not str(threads).isdigit() or int(threads) < 1 or not isinstance(families, dict):
+                raise ValueError(f"tables[{dev!r}][{threads!r}]: expected a thread count holding an object")
+            for family, per_dtype in families.items():
+                if not isinstance(per_dtype, dict):
+                    raise TypeError(f"tables[{dev!r}][{threads!r}][{family!r}] is not an object")
+                for dtype, points in per_dtype.items():
+                    where = f"tables[{dev!r}][{threads!r}][{family!r}][{dtype!r}]"
+                    if not isinstance(points, list) or not points:
+                        raise TypeError(f"{where}: expected a list of points")
+                    xs = []
+                    for p in points:
+                        if not isinstance(p, list) or len(p) not in (2, 3):
+                            raise TypeError(f"{where}: a point is not [log2 numel, ratio(, time)]")
+                        xs.append(number(p[0]))
+                        if number(p[1]) <= 0 or (len(p) == 3 and number(p[2]) < 0):
+                            raise ValueError(f"{where}: a ratio or time out of range")
+                    if any(b <= a for a, b in zip(xs, xs[1:])):
+                        raise ValueError(f"{where}: numel not increasing")
+    return data
+
+
 class CostModel:
     """Measured ratios t(Inductor's code) / t(fused op) by (device, threads, family, dtype), over log2(numel)."""
 
@@ -247,13 +283,9 @@ class CostModel:
     def load(cls) -> "CostModel":
         """The user's calibration (cache dir) when present, else the shipped table."""
         for path in (calibration_path(), _SHIPPED):
-            try:
-                with open(path) as f:
-                    data = json.load(f)
-                if data.get("version") == TABLE_VERSION:
-                    return cls(data["tables"], path)
-            except (OSError, ValueError, KeyError, TypeError):
-                continue
+            data = read_json(path, _checked_table)  # a malformed file: one warning, then the next source
+            if data is not None:
+                return cls(data["tables"], path)
         return cls({}, "none")
 
     def ratio(self, family: str, device: torch.device, dtype: torch.dtype, numel: int,
@@ -531,13 +563,7 @@ def calibrate(device="cpu", dtypes=(torch.float32, torch.bfloat16, torch.float16
 def save_calibration(result: dict, path: Optional[str] = None) -> str:
     """Merges a ``calibrate`` result into the calibration file (per device and thread count) and returns its path."""
     path = path or calibration_path()
-    try:
-        with open(path) as f:
-            data = json.load(f)
-        if data.get("version") != TABLE_VERSION:
-            raise ValueError
-    except (OSError, ValueError):
-        data = {"version": TABLE_VERSION, "tables": {}, "meta": {}}
+    data = read_json(path, _checked_table) or {"version": TABLE_VERSION, "tables": {}, "meta": {}}
     for dev, per_threads in result.items():  # merged per family and dtype: a partial calibration keeps the rest
         if dev.startswith("_"):
             continue

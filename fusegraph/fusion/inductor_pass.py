@@ -17,6 +17,8 @@ from typing import Optional
 
 import torch
 
+from .._verdicts import read_json
+
 from . import choice, passes
 
 try:
@@ -128,13 +130,11 @@ def _store_record(key: str, record: dict) -> None:
 def _load_record(key: str) -> Optional[dict]:
     if key in _records:
         return _records[key]
-    try:
-        with open(_record_path(key)) as f:
-            data = json.load(f)
+    def check(data) -> dict:
         counts, lowered = data["counts"], data.get("lowered")
-        return {"counts": None if counts is None else {k: int(v) for k, v in counts.items()},
-                "lowered": None if lowered is None else {k: int(v) for k, v in lowered.items()},
+        return {"counts": None if counts is None else {str(k): int(v) for k, v in counts.items()},
+                "lowered": None if lowered is None else {str(k): int(v) for k, v in lowered.items()},
                 "ops": {str(k): int(v) for k, v in (data.get("ops") or {}).items()},
                 "fallbacks": [str(r) for r in data["fallbacks"]], "log": [[str(a), str(b)] for a, b in data["log"]]}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
+
+    return read_json(_record_path(key), check)  # a malformed record: one warning, the counts unknown

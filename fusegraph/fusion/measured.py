@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from .._verdicts import VerdictFile
+from .._verdicts import VerdictFile, is_timed_verdict
 
 log = logging.getLogger("fusegraph")
 
@@ -48,7 +48,8 @@ def cache_path() -> str:
     return os.path.join(cache_dir(), "fusegraph_choice", f"graphs_v{CACHE_VERSION}.json")
 
 
-_verdicts = VerdictFile(lambda: cache_path())  # key -> [choice, t_fused, t_inductor]
+_verdicts = VerdictFile(lambda: cache_path(),  # key -> [choice, t_fused, t_inductor]
+                        valid=lambda v: is_timed_verdict(v, (FUSED, INDUCTOR)))
 
 
 def cached_verdict(key: str):

@@ -1,0 +1,152 @@
+"""fusegraph's files next to Inductor's cache (cost table, measured choices, conv-packing verdicts, fused counts) are
+never trusted: a malformed, truncated, deeply nested, wrong-typed or foreign file is ignored with one warning and
+rewritten by the next store — never a failed compile (issue 23, item 5)."""
+import json
+import logging
+
+import pytest
+import torch
+import torch.nn as nn
+
+from fusegraph import Backend, CompilationConfig, _verdicts, packing
+from fusegraph.fusion import choice, inductor_pass, measured
+
+# file content -> what is wrong with it
+BAD = {
+    "truncated": b'{"a": [1, 2',
+    "deeply_nested": b"[" * 100000,
+    "foreign_binary": b"\xff\xfe\x00\x01garbage\x80",
+    "empty": b"",
+    "a_string": b'"just a string"',
+    "a_list": b"[1, 2, 3]",
+    "wrong_types": b'{"version": 2, "tables": {"cpu": {"1": "x"}}, "counts": 3, "k": [true]}',
+}
+
+
+@pytest.fixture
+def cache_files(tmp_path, monkeypatch):
+    """Every fusegraph cache file moved under tmp_path; this process's memory of them dropped."""
+    paths = {"cost": tmp_path / "cost.json", "choice": tmp_path / "choice.json", "packing": tmp_path / "packing.json",
+             "counts": tmp_path / "counts"}
+    monkeypatch.setattr(choice, "calibration_path", lambda: str(paths["cost"]))
+    monkeypatch.setattr(measured, "cache_path", lambda: str(paths["choice"]))
+    monkeypatch.setattr(packing, "cache_path", lambda: str(paths["packing"]))
+    monkeypatch.setattr(inductor_pass, "_record_path", lambda key: str(paths["counts"] / f"{key}.json"))
+    monkeypatch.setattr(_verdicts, "_warned", set())
+    measured.forget()
+    packing._verdicts.forget()
+    inductor_pass._records.clear()
+    yield paths
+    measured.forget()
+    packing._verdicts.forget()
+    choice.cost_model(reload=True)
+
+
+def _warnings(caplog, path) -> list:
+    return [r for r in caplog.records if r.levelno == logging.WARNING and str(path) in r.getMessage()]
+
+
+@pytest.mark.parametrize("bad", BAD)
+def test_read_json_ignores_a_bad_file_with_one_warning(bad, tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(_verdicts, "_warned", set())
+    path = tmp_path / "f.json"
+    path.write_bytes(BAD[bad])
+
+    def check(data):
+        if not isinstance(data, dict) or not isinstance(data.get("tables", {}).get("cpu", {}).get("1"), dict):
+            raise TypeError("not a table")
+        return data
+
+    with caplog.at_level(logging.WARNING, logger="fusegraph"):
+        assert _verdicts.read_json(str(path), check) is None
+        assert _verdicts.read_json(str(path), check) is None
+    assert len(_warnings(caplog, path)) == 1, caplog.text
+    assert _verdicts.read_json(str(tmp_path / "missing.json")) is None  # missing: no warning
+    assert len([r for r in caplog.records if "missing.json" in r.getMessage()]) == 0
+
+
+@pytest.mark.parametrize("bad", BAD)
+def test_cost_table_falls_back_to_the_shipped_one_and_is_rewritten(bad, cache_files, caplog):
+    cache_files["cost"].write_bytes(BAD[bad])
+    with caplog.at_level(logging.WARNING, logger="fusegraph"):
+        model = choice.cost_model(reload=True)
+    assert model.source == choice._SHIPPED and model.tables
+    assert model.ratio("rms_norm", torch.device("cpu"), torch.float32, 4096) is not None
+    assert len(_warnings(caplog, cache_files["cost"])) == 1
+    point = [[10.0, 1.5, 2.0], [12.0, 2.0, 3.0]]
+    choice.save_calibration({"cpu": {"1": {"rms_norm": {"float32": point}}}})  # rewritten: a valid table
+    data = json.loads(cache_files["cost"].read_text())
+    assert data["tables"] == {"cpu": {"1": {"rms_norm": {"float32": point}}}}
+    assert choice.cost_model().source == str(cache_files["cost"])
+
+
+@pytest.mark.parametrize("table", [
+    {"cpu": {"1": "x"}}, {"cpu": {"one": {}}}, {"cpu": {"1": {"rms_norm": {"float32": [[10.0]]}}}},
+    {"cpu": {"1": {"rms_norm": {"float32": [[12.0, 1.0], [10.0, 1.0]]}}}},
+    {"cpu": {"1": {"rms_norm": {"float32": [[10.0, "fast"]]}}}}, {"cpu": {"1": {"rms_norm": {"float32": []}}}},
+    {"cpu": {"1": {"rms_norm": {"float32": [[10.0, -1.0]]}}}}, ["cpu"]])
+def test_cost_table_of_the_wrong_shape_is_refused(table, cache_files):
+    cache_files["cost"].write_text(json.dumps({"version": choice.TABLE_VERSION, "tables": table}))
+    assert choice.cost_model(reload=True).source == choice._SHIPPED
+
+
+@pytest.mark.parametrize("verdicts, name", [(measured._verdicts, "choice"), (packing._verdicts, "packing")])
+def test_verdict_files_drop_malformed_entries_and_rewrite(verdicts, name, cache_files, caplog):
+    good = [measured.FUSED, 1e-3, 2e-3] if name == "choice" else [True, 1e-3, 2e-3]
+    cache_files[name].write_text(json.dumps({"bad1": [True], "bad2": ["fused", "x", 1], "bad3": 7, "bad4": [],
+                                             "bad5": [1, 1e-3, 2e-3], "good": good}))
+    with caplog.at_level(logging.WARNING, logger="fusegraph"):
+        assert verdicts.get("bad1") is None and verdicts.get("bad5") is None
+        assert verdicts.get("good") == good
+    assert len(_warnings(caplog, cache_files[name])) == 1
+    verdicts.put("new", good)
+    assert json.loads(cache_files[name].read_text()) == {"good": good, "new": good}
+    for content in BAD.values():  # a file not even JSON: ignored, then rewritten by the next store
+        verdicts.forget()
+        cache_files[name].write_bytes(content)
+        assert verdicts.get("good") is None
+        verdicts.put("new", good)
+        assert json.loads(cache_files[name].read_text()) == {"new": good}
+
+
+def test_a_malformed_counts_record_is_ignored(cache_files, caplog):
+    cache_files["counts"].mkdir()
+    for i, content in enumerate(BAD.values()):
+        (cache_files["counts"] / f"k{i}.json").write_bytes(content)
+        with caplog.at_level(logging.WARNING, logger="fusegraph"):
+            assert inductor_pass._load_record(f"k{i}") is None
+    warned = [r for r in caplog.records if str(cache_files["counts"]) in r.getMessage() and r.levelno == logging.WARNING]
+    assert len(warned) == len(BAD), caplog.text
+
+
+class _Block(nn.Module):
+    def __init__(self, d=32):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 3, padding=1)
+        self.norm = nn.RMSNorm(d)
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, img, x):
+        return self.conv(img).sum(), self.proj(nn.functional.gelu(self.norm(x), approximate="tanh"))
+
+
+@pytest.mark.parametrize("bad", ["deeply_nested", "wrong_types"])
+def test_compiles_run_with_every_cache_file_bad(bad, cache_files):
+    """Every cache file bad at once: the default route compiles, measures, packs (pack_weights) and matches eager;
+    the choice file is rewritten with the verdict."""
+    cache_files["counts"].mkdir()
+    for key in ("cost", "choice", "packing"):
+        cache_files[key].write_bytes(BAD[bad])
+    torch._dynamo.reset()
+    choice.cost_model(reload=True)
+    m = _Block().eval()
+    with torch.no_grad():
+        for config in (CompilationConfig(), CompilationConfig(pack_weights=True, fusion_choice="model")):
+            torch._dynamo.reset()
+            fn = torch.compile(m, backend=Backend(config))
+            for _ in range(measured.CALLS + 2):
+                img, x = torch.randn(1, 4, 8, 8), torch.randn(3, 32)
+                out, ref = fn(img, x), m(img, x)
+                torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    stored = json.loads(cache_files["choice"].read_text())
+    assert stored and all(v[0] in (measured.FUSED, measured.INDUCTOR) for v in stored.values())
