@@ -12,7 +12,7 @@ import torch
 
 torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
 from fusegraph import Backend, CompilationConfig  # noqa: E402
-from fusegraph.bench.weights import build_flux_real  # noqa: E402
+from fusegraph.bench.real import build_flux_real  # noqa: E402
 
 dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[sys.argv[1]]
 img, txt = (int(v) for v in os.environ.get("TOKENS", "256,64").split(","))

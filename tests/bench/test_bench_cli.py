@@ -207,3 +207,24 @@ def test_bench_overhead_runs(capsys):
     assert cli(["bench", "overhead", "--layers", "3", "--rounds", "2", "--calls", "2"]) == 0
     out = capsys.readouterr().out
     assert "GraphRunner (no Dynamo)" in out and "per call through torch.compile" in out
+
+
+@pytest.mark.parametrize("argv, needle", [(["--tokens", "x"], "--tokens"), (["--tokens", "0,4"], "positive"),
+                                          (["--model", "nope"], "--model")])
+def test_bench_real_argument_errors_name_the_argument(argv, needle, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli(["bench", "real", *argv])
+    assert e.value.code == 2 and needle in capsys.readouterr().err
+
+
+def test_bench_real_builds_published_widths_and_runs_a_variant():
+    """LTX-Video, the smallest of them: its published widths (hidden 2048 = 32 x 64, caption 4096), one variant's
+    row from this process (the command runs each in a process of its own)."""
+    from fusegraph.bench import real
+
+    model, kw, summary = real.build("ltx", torch.bfloat16, img_tokens=4, txt_tokens=4)
+    block = model.transformer_blocks[0]
+    assert block.attn1.to_q.weight.shape == (2048, 2048) and model.caption_projection.linear_1.in_features == 4096
+    assert "2048 = 32 x 64" in summary
+    row = real.run_variant("ltx", "eager", "bf16", 4, 4, 1, 1, 1)
+    assert row["max_diff"] == 0 and row["median_s"] > 0 and row["weights_mib"] > 300  # 2 blocks: 177 M parameters

@@ -1,0 +1,311 @@
+"""``python -m fusegraph bench real [--model flux|sd35|wan|hunyuan_video|ltx|qwenimage] [--dtype fp32|bf16]
+[--tokens IMG,TXT] [--layers N] [--variants A;B;...] [--reps N] [--threads N] [--json PATH]``
+
+Diffusion transformers at the widths users run: the published configs of FLUX.1-dev, Stable Diffusion 3.5 Large,
+Wan 2.1 1.3B, HunyuanVideo, LTX-Video and Qwen-Image (hidden size, heads x head dim, FFN, text dim, as their
+transformer configs on the hub give them), with few blocks (``--layers``, default 1 of each block kind) and few
+tokens (``--tokens``, default 256 image/video + 64 text) so that a variant runs in minutes on 2 cores; random
+weights (norm weights and zero-initialised projections re-randomised, as in the zoo).
+
+Each variant runs in a process of its own (resident memory is a process's): the model and inputs are built, the
+resident set read, the first call made (compile time), the variant warmed up past fusegraph's measured choice, the
+timed calls made, the resident set read again (the difference is what the compiled function holds), and the max
+|diff| against eager taken in the same process. Variants:
+
+- ``eager``; ``inductor`` (plain ``torch.compile``); ``inductor_tuned`` (``freezing`` + ``cpp_wrapper``, what a
+  tuned CPU user sets);
+- ``fusegraph`` (the default config) and ``fusegraph:<overrides>`` (``fusegraph:pack_weights=True,concat_linear=True``,
+  ``fusegraph:enable_freezing=False``, ``fusegraph:fusion_choice=always``);
+- ``openvino``: ``openvino.convert_model`` + ``compile_model`` on CPU (an optional benchmark dependency,
+  ``pip install openvino``; the row says so when it is missing). Its bf16 row converts the same weights in fp32
+  and runs with ``INFERENCE_PRECISION_HINT=bf16``, OpenVINO's own way to run bf16 on CPU.
+
+``bench real --model flux`` is the weights benchmark of BENCHMARKS §15 (FLUX.1 widths, 1 + 1 blocks).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+DEFAULT_VARIANTS = ("eager", "inductor", "inductor_tuned", "fusegraph", "openvino")
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _overrides(text: str) -> dict:
+    out = {}
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        out[key.strip()] = {"True": True, "False": False}.get(value.strip(), value.strip())
+    return out
+
+
+# --- the models: published transformer configs, fewer blocks -------------------------------------------------
+# Each builder: (layers, img tokens, txt tokens, generator) -> (diffusers class name, init kwargs, forward kwargs,
+# the width summary). Image/video token counts are rounded to the latent grids the configs' patch sizes allow.
+
+def _side(tokens: int, patch: int = 1) -> int:
+    """Latent side whose patched square grid holds about ``tokens`` tokens."""
+    return max(1, round(tokens ** 0.5)) * patch
+
+
+def _flux(layers, img, txt, g):
+    import torch
+
+    init = dict(patch_size=1, in_channels=64, num_layers=layers, num_single_layers=layers, attention_head_dim=128,
+                num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
+                axes_dims_rope=(16, 56, 56))
+    kw = dict(hidden_states=torch.randn(1, img, 64, generator=g), encoder_hidden_states=torch.randn(1, txt, 4096,
+              generator=g), pooled_projections=torch.randn(1, 768, generator=g), timestep=torch.tensor([0.5]),
+              img_ids=torch.randn(img, 3, generator=g), txt_ids=torch.zeros(txt, 3), guidance=torch.tensor([3.5]))
+    return "FluxTransformer2DModel", init, kw, "FLUX.1-dev: hidden 3072 = 24 x 128, text 4096, pooled 768"
+
+
+def _sd35(layers, img, txt, g):
+    import torch
+
+    side = _side(img, 2)
+    init = dict(sample_size=128, patch_size=2, in_channels=16, num_layers=2 * layers, attention_head_dim=64,
+                num_attention_heads=38, joint_attention_dim=4096, caption_projection_dim=2432,
+                pooled_projection_dim=2048, out_channels=16, pos_embed_max_size=192, qk_norm="rms_norm")
+    kw = dict(hidden_states=torch.randn(1, 16, side, side, generator=g), encoder_hidden_states=torch.randn(
+              1, txt, 4096, generator=g), pooled_projections=torch.randn(1, 2048, generator=g),
+              timestep=torch.tensor([500.0]))
+    return "SD3Transformer2DModel", init, kw, "SD3.5 Large: hidden 2432 = 38 x 64, text 4096, pooled 2048"
+
+
+def _wan(layers, img, txt, g):
+    import torch
+
+    side = _side(img, 2)
+    init = dict(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16,
+                out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=2 * layers,
+                cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
+    kw = dict(hidden_states=torch.randn(1, 16, 1, side, side, generator=g),
+              encoder_hidden_states=torch.randn(1, txt, 4096, generator=g), timestep=torch.tensor([500]))
+    return "WanTransformer3DModel", init, kw, "Wan 2.1 1.3B: hidden 1536 = 12 x 128, FFN 8960, text 4096"
+
+
+def _hunyuan_video(layers, img, txt, g):
+    import torch
+
+    side = _side(img, 2)
+    init = dict(in_channels=16, out_channels=16, num_attention_heads=24, attention_head_dim=128, num_layers=layers,
+                num_single_layers=layers, num_refiner_layers=2, mlp_ratio=4.0, patch_size=2, patch_size_t=1,
+                qk_norm="rms_norm", guidance_embeds=True, text_embed_dim=4096, pooled_projection_dim=768,
+                rope_theta=256.0, rope_axes_dim=(16, 56, 56))
+    kw = dict(hidden_states=torch.randn(1, 16, 1, side, side, generator=g), timestep=torch.tensor([500]),
+              encoder_hidden_states=torch.randn(1, txt, 4096, generator=g),
+              encoder_attention_mask=torch.ones(1, txt), pooled_projections=torch.randn(1, 768, generator=g),
+              guidance=torch.tensor([3500.0]))
+    return ("HunyuanVideoTransformer3DModel", init, kw,
+            "HunyuanVideo: hidden 3072 = 24 x 128, text 4096, pooled 768, 2 refiner layers")
+
+
+def _ltx(layers, img, txt, g):
+    import torch
+
+    side = _side(img)
+    init = dict(in_channels=128, out_channels=128, patch_size=1, patch_size_t=1, num_attention_heads=32,
+                attention_head_dim=64, cross_attention_dim=2048, num_layers=2 * layers, caption_channels=4096,
+                qk_norm="rms_norm_across_heads", norm_elementwise_affine=False, norm_eps=1e-6)
+    kw = dict(hidden_states=torch.randn(1, side * side, 128, generator=g),
+              encoder_hidden_states=torch.randn(1, txt, 4096, generator=g), timestep=torch.tensor([500]),
+              encoder_attention_mask=torch.ones(1, txt, dtype=torch.bool), num_frames=1, height=side, width=side)
+    return "LTXVideoTransformer3DModel", init, kw, "LTX-Video: hidden 2048 = 32 x 64, caption 4096"
+
+
+def _qwenimage(layers, img, txt, g):
+    import torch
+
+    side = _side(img)
+    init = dict(patch_size=2, in_channels=64, out_channels=16, num_layers=2 * layers, attention_head_dim=128,
+                num_attention_heads=24, joint_attention_dim=3584, guidance_embeds=False, axes_dims_rope=(16, 56, 56))
+    kw = dict(hidden_states=torch.randn(1, side * side, 64, generator=g),
+              encoder_hidden_states=torch.randn(1, txt, 3584, generator=g),
+              encoder_hidden_states_mask=torch.ones(1, txt, dtype=torch.long), timestep=torch.tensor([0.5]),
+              img_shapes=[(1, side, side)])
+    return "QwenImageTransformer2DModel", init, kw, "Qwen-Image: hidden 3072 = 24 x 128, text 3584"
+
+
+MODELS = {"flux": _flux, "sd35": _sd35, "wan": _wan, "hunyuan_video": _hunyuan_video, "ltx": _ltx,
+          "qwenimage": _qwenimage}
+
+
+def build(name: str, dtype, img_tokens: int = 256, txt_tokens: int = 64, layers: int = 1, seed: int = 0):
+    """(model, forward kwargs, width summary) of ``name`` at its published widths, eval mode, ``dtype``."""
+    import diffusers
+    import torch
+
+    from ..zoo import _cast, randomize_weights
+
+    diffusers.utils.logging.set_verbosity_error()
+    g = torch.Generator().manual_seed(seed)
+    cls_name, init, kw, summary = MODELS[name](layers, img_tokens, txt_tokens, g)
+    torch.manual_seed(seed)
+    model = getattr(diffusers, cls_name)(**init)
+    randomize_weights(model, seed, ())
+    kw = _cast(kw, dtype)
+    for k in ("img_ids", "txt_ids"):  # positions stay fp32, as the pipelines pass them
+        if k in kw:
+            kw[k] = kw[k].float()
+    return model.eval().to(dtype), dict(kw, return_dict=False), summary
+
+
+def build_flux_real(dtype, img_tokens: int, txt_tokens: int):
+    """FLUX.1 widths, 1 + 1 blocks (BENCHMARKS §15, scripts/ab_freezing.py): (model, forward kwargs)."""
+    model, kw, _ = build("flux", dtype, img_tokens, txt_tokens)
+    return model, kw
+
+
+# --- OpenVINO ---------------------------------------------------------------------------------------------------
+
+def _openvino(model, inputs: dict, dtype, threads: int):
+    """A callable running ``model`` through OpenVINO's CPU runtime (converted on the first call, which is what its
+    first-call time includes), taking the same kwargs and returning (torch tensor,)."""
+    import openvino as ov
+    import torch
+
+    names = [k for k, v in inputs.items() if isinstance(v, torch.Tensor)]
+    static = {k: v for k, v in inputs.items() if not isinstance(v, torch.Tensor)}
+    fp32 = model.float() if dtype != torch.float32 else model
+
+    class Positional(torch.nn.Module):  # convert_model traces positional tensors; the rest are constants
+        def __init__(self):
+            super().__init__()
+            self.model = fp32
+
+        def forward(self, *tensors):
+            out = self.model(**dict(zip(names, tensors)), **static)
+            return out[0] if isinstance(out, (tuple, list)) else out
+
+    state = {}
+
+    def run(**kw):
+        args = [kw[k].float() if kw[k].is_floating_point() else kw[k] for k in names]
+        if "compiled" not in state:
+            ov_model = ov.convert_model(Positional().eval(), example_input=tuple(args))
+            config = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1,
+                      "INFERENCE_PRECISION_HINT": "bf16" if dtype == torch.bfloat16 else "f32"}
+            state["compiled"] = ov.compile_model(ov_model, "CPU", config)
+        result = state["compiled"]([a.numpy() for a in args])
+        return (torch.from_numpy(result[0]).to(dtype),)
+
+    return run
+
+
+def run_variant(model_name: str, variant: str, dtype_name: str, img_tokens: int, txt_tokens: int, layers: int,
+                reps: int, threads: int) -> dict:
+    """One variant, in this process: the row's figures."""
+    import torch
+
+    from .timing import compiled_warmup
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
+    model, inputs, _ = build(model_name, dtype, img_tokens, txt_tokens, layers)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    warmup = 2
+    with torch.no_grad():
+        ref = model(**inputs)[0]  # eager's output first: the OpenVINO variant converts the model to fp32
+        rss0 = _rss_mib()
+        if variant == "eager":
+            fn = model
+        elif variant == "inductor":
+            fn = torch.compile(model)
+        elif variant == "inductor_tuned":
+            fn = torch.compile(model, options={"freezing": True, "cpp_wrapper": True})
+        elif variant == "openvino":
+            fn = _openvino(model, inputs, dtype, threads)
+        elif variant.split(":")[0] == "fusegraph":
+            from fusegraph import Backend, CompilationConfig
+
+            fn = torch.compile(model, backend=Backend(CompilationConfig(**_overrides(variant.partition(":")[2]))))
+            warmup = compiled_warmup()
+        else:
+            raise SystemExit(f"bench real: argument --variants: unknown variant {variant!r}")
+        t0 = time.perf_counter()
+        out = fn(**inputs)[0]
+        first = time.perf_counter() - t0
+        for _ in range(warmup):
+            fn(**inputs)
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn(**inputs)
+            times.append(time.perf_counter() - t0)
+        rss1 = _rss_mib()
+    return {"model": model_name, "variant": variant, "dtype": dtype_name, "weights_mib": weight_bytes / 2**20,
+            "resident_mib": rss1 - rss0, "first_s": first, "median_s": statistics.median(times),
+            "max_diff": float((out.float() - ref.float()).abs().max()), "ref_max": float(ref.float().abs().max())}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m fusegraph bench real", description=__doc__.split("\n\n")[1])
+    p.add_argument("--model", choices=sorted(MODELS), default="flux")
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="bf16")
+    p.add_argument("--tokens", default="256,64", help="image/video and text tokens (default 256,64)")
+    p.add_argument("--layers", type=int, default=1, help="blocks of each kind (default 1: FLUX.1 and HunyuanVideo 1 double + 1 single block; the single-kind models 2 blocks)")
+    p.add_argument("--variants", default=";".join(DEFAULT_VARIANTS), help="';'-separated (default: %(default)s)")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--json", default=None)
+    p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a single variant, in this process
+    args = p.parse_args(argv)
+    try:
+        img, txt = (int(v) for v in args.tokens.split(","))
+    except ValueError:
+        p.error(f"argument --tokens: expected IMG,TXT (two integers), got {args.tokens!r}")
+    if min(img, txt) < 1 or args.layers < 1 or args.reps < 1 or args.threads < 1:
+        p.error("argument --tokens/--layers/--reps/--threads: expected positive integers")
+    import torch
+
+    torch.set_num_threads(args.threads)
+    if args.one is not None:
+        print(json.dumps(run_variant(args.model, args.one, args.dtype, img, txt, args.layers, args.reps,
+                                     args.threads)))
+        return 0
+    from .timing import machine_summary
+
+    variants = [v for v in args.variants.split(";") if v]
+    summary = MODELS[args.model](args.layers, img, txt, torch.Generator())[3]
+    print(f"{summary}; blocks x{args.layers}, {img}+{txt} tokens, {args.dtype}; {machine_summary()}")
+    print(f"{'variant':40s} {'weights':>9s} {'resident +':>11s} {'% of w':>7s} {'first call':>11s} "
+          f"{'median':>10s} {'vs inductor':>12s} {'max|diff|':>10s}")
+    rows = []
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+    for variant in variants:
+        if variant == "openvino":
+            try:
+                import openvino  # noqa: F401
+            except ImportError:
+                print(f"{variant:40s} not installed (optional: pip install openvino)")
+                continue
+        cmd = [sys.executable, "-m", "fusegraph", "bench", "real", "--one", variant, "--model", args.model,
+               "--dtype", args.dtype, "--tokens", args.tokens, "--layers", str(args.layers), "--reps",
+               str(args.reps), "--threads", str(args.threads)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+        if proc.returncode != 0 or not lines:
+            tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
+            print(f"{variant:40s} failed: {tail[:200]}")
+            continue
+        row = json.loads(lines[-1])
+        rows.append(row)
+        base = next((r["median_s"] for r in rows if r["variant"] == "inductor"), None)
+        rel = f"{base / row['median_s']:11.3f}x" if base else f"{'':12s}"
+        print(f"{variant:40s} {row['weights_mib']:7.0f} M {row['resident_mib']:9.0f} M "
+              f"{100 * row['resident_mib'] / row['weights_mib']:6.1f}% {row['first_s']:9.1f} s "
+              f"{row['median_s'] * 1e3:8.0f} ms {rel} {row['max_diff']:10.2e}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": machine_summary(), "model": args.model, "tokens": [img, txt],
+                       "layers": args.layers, "rows": rows}, f, indent=1)
+    return 0 if len(rows) == len(variants) else 1
