@@ -278,7 +278,7 @@ def main(argv=None) -> int:
     summary = MODELS[args.model](args.layers, img, txt, torch.Generator())[3]
     print(f"{summary}; blocks x{args.layers}, {img}+{txt} tokens, {args.dtype}; {machine_summary()}")
     print(f"{'variant':40s} {'weights':>9s} {'resident +':>11s} {'% of w':>7s} {'first call':>11s} "
-          f"{'median':>10s} {'vs inductor':>12s} {'max|diff|':>10s}")
+          f"{'median':>10s} {'vs inductor':>12s} {'max|diff|':>10s} {'/ max|out|':>10s}")
     rows = []
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     for variant in variants:
@@ -303,7 +303,8 @@ def main(argv=None) -> int:
         rel = f"{base / row['median_s']:11.3f}x" if base else f"{'':12s}"
         print(f"{variant:40s} {row['weights_mib']:7.0f} M {row['resident_mib']:9.0f} M "
               f"{100 * row['resident_mib'] / row['weights_mib']:6.1f}% {row['first_s']:9.1f} s "
-              f"{row['median_s'] * 1e3:8.0f} ms {rel} {row['max_diff']:10.2e}", flush=True)
+              f"{row['median_s'] * 1e3:8.0f} ms {rel} {row['max_diff']:10.2e} "
+              f"{row['max_diff'] / max(row['ref_max'], 1e-30):10.2e}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": machine_summary(), "model": args.model, "tokens": [img, txt],
