@@ -558,37 +558,28 @@ def weight_values(gm) -> set:
     return const
 
 
-def folded(gm) -> torch.fx.Graph:
-    """A copy of ``gm``'s graph as freezing leaves it: common subexpressions merged, and every value computed from the
-    module's parameters and buffers
-    (``gm.weight_inputs``, from :func:`capture`) and constants alone is one input, as if computed at compile time (BriaFibo2's
-    RMSNorms of its learned latent queries are no sites on a route that freezes)."""
+def folded(gm) -> torch.fx.GraphModule:
+    """A copy of ``gm`` as freezing leaves it: repeated computations merged (CSE: Cosmos3's k_und_for_gen, which is
+    k_und when the model has no extra norm for it, gets the same RoPE as k_und, and the frozen graph computes that
+    RoPE once). Values computed from the parameters alone stay ops: freezing folds only views of a parameter, which
+    are no sites (DESIGN "Freezing holds no copy of a weight"), so BriaFibo2's RMSNorms of its learned latent
+    queries are sites on every route."""
     from torch.fx.passes.dialect.common.cse_pass import CSEPass
 
-    const = weight_values(gm)
-    graph, env = torch.fx.Graph(), {}
-    for n in gm.graph.nodes:
-        if n in const and (n.op == "placeholder" or any(u not in const for u in n.users)):
-            env[n] = graph.placeholder(f"folded_{n.name}")
-            env[n].meta = dict(n.meta)
-        elif n not in const:
-            env[n] = graph.node_copy(n, lambda a: env[a])
-    # freezing also merges repeated computations (CSE): Cosmos3's k_und_for_gen, which is k_und when the model has
-    # no extra norm for it, gets the same RoPE as k_und, and the frozen graph computes that RoPE once
-    return CSEPass()(torch.fx.GraphModule(gm, graph)).graph_module.graph
+    merged = CSEPass()(gm).graph_module
+    merged.weight_inputs = getattr(gm, "weight_inputs", [])
+    return merged
 
 
 def count_sites(graphs, frozen: bool = False, by_norm=None) -> dict:
-    """Sites per family over ``graphs`` (from :func:`capture`); ``frozen``: in the graphs as freezing folds them;
+    """Sites per family over ``graphs`` (from :func:`capture`); ``frozen``: in the graphs as freezing leaves them;
     ``by_norm`` (a dict), when given, also counts the modulated norms by kind, ``"layer"`` and ``"rms"`` (a modulated
     RMSNorm is an rms_norm site that the fused modulation computes: no rms_norm op of its own)."""
     total = dict.fromkeys(FAMILIES, 0)
     for gm in graphs:
         if frozen:
-            graph = folded(gm)
-            weights = {n for n in graph.nodes if n.op == "placeholder" and n.name.startswith("folded_")}
-        else:
-            graph, weights = gm.graph, weight_values(gm)
+            gm = folded(gm)
+        graph, weights = gm.graph, weight_values(gm)
         for k, v in count_graph(graph, weights, by_norm).items():
             total[k] += v
     return total
