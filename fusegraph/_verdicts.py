@@ -1,6 +1,6 @@
 """fusegraph's files next to Inductor's cache, read so that no file can fail a compile (``read_json``), and a
 measured verdict per key kept in memory and in such a file (the way Inductor's autotuning keeps its timings): the
-conv-packing verdicts (``fusegraph.packing``) and the per-graph choice (``fusegraph.fusion.measured``)."""
+conv-packing verdicts (``fusegraph.packing``, with ``pack_weights=True``)."""
 from __future__ import annotations
 
 import json

@@ -28,7 +28,7 @@ import torch.utils._pytree as pytree
 
 from . import freezing
 from .config import CompilationConfig
-from .fusion import PATTERN_NAMES, choice, measured, passes
+from .fusion import PATTERN_NAMES, choice, passes
 from .fusion.inductor_pass import FusionPass
 from .graph import compile_graph_route, device_graph_available
 from .graph.runner import capture_lock, fx_tracing_window
@@ -179,8 +179,9 @@ class Backend:
         if params:
             compiled = freezing.FrozenGraph(self, gm, example_inputs, params, compiled, job.graph_id,
                                             copies=freezing.holds_copies(self.config))
-        if self._measures(job, gm, example_inputs, freeze):
-            compiled = self._measured(job, gm, example_inputs, freeze, compiled)
+        if self.last_route == "default" and self.config.inductor and job.counts is not None:
+            kept = sum(job.counts.values()) - sum((job.lowered or {}).values())
+            self.stats.add_graph_choice("fused" if kept > 0 else "inductor")
         seconds = time.perf_counter() - t0
         self.stats.add(graphs_compiled=1, compile_seconds=seconds)
         log.info(self._summary(job, self.stats.graphs_captured - captured_before,
@@ -188,68 +189,6 @@ class Backend:
         log.debug("fusegraph: graph %d compiled in %.2f s on the %s route (%s)", job.graph_id, seconds,
                   self.last_route, "Inductor" if self.last_route == "default" and self.config.inductor else "aten graph")
         return compiled
-
-    # the per-graph measured choice (fusion_choice="auto", fusegraph.fusion.measured)
-    def _measures(self, job, gm, example_inputs, freeze: bool) -> bool:
-        """Whether this Inductor-route graph is timed against plain Inductor's compile of it."""
-        from .graph import ranks
-
-        if self.config.fusion_choice != "auto" or self.last_route != "default" or not self.config.inductor:
-            return False
-        if torch.is_grad_enabled() or freezing.has_symbolic_inputs(gm, example_inputs):
-            return False  # autograd graphs are not fused; one size would decide for every size
-        if ranks.distributed_world() and ranks.collective_groups(gm) != []:
-            return False  # ranks could choose differently
-        kept = sum((job.counts or {}).values()) - sum((job.lowered or {}).values())
-        return freeze or kept > 0 or job.counts is None  # None: Inductor's cache served it; counts unknown
-
-    def _measured(self, job, gm, example_inputs, freeze: bool, compiled):
-        """``compiled`` (fusegraph's), plain Inductor's compile, or a MeasuredGraph that times both on the first
-        calls; a verdict cached on disk picks at once."""
-        device = _input_device(example_inputs)
-        key = measured.graph_key(gm, example_inputs, FusionPass(self.config, job).uuid(), freeze, device)
-        verdict = measured.cached_verdict(key)
-        if verdict == measured.FUSED:
-            self.stats.add_graph_choice(verdict)
-            return compiled
-        try:
-            plain = self._compile_plain(gm, example_inputs)
-        except Exception as e:  # fusegraph's compile stands; nothing to measure it against
-            log.info("fusegraph: graph %d: plain Inductor compile for the measured choice failed (%s: %s); "
-                     "running fusegraph's", job.graph_id, type(e).__name__, e)
-            return compiled
-        if verdict == measured.INDUCTOR:
-            self.stats.add_graph_choice(verdict)
-            log.info("fusegraph: graph %d: plain Inductor's compile measured faster here before (cached verdict)",
-                     job.graph_id)
-            return plain
-
-        def on_verdict(choice, t_fused, t_inductor, why):
-            self.stats.add_graph_choice(choice)
-            if not why:
-                measured.store_verdict(key, choice, t_fused, t_inductor)
-
-        return measured.MeasuredGraph(compiled, plain, device, on_verdict, job.graph_id,
-                                      recompiles=lambda: self.stats.frozen_recompiles)
-
-    def _compile_plain(self, gm, example_inputs):
-        """The graph as plain ``torch.compile`` compiles it (Inductor's defaults: no fusegraph pass, no freezing),
-        outside Dynamo's tracing context (which holds fusegraph's compile, and whose shape guards a second compile
-        must not touch), as a frozen graph's re-compile is. On CPU with Inductor's C++ wrapper where fusegraph's
-        compile uses it (``config.cpp_wrapper``): the Python wrapper's per-op cost weighs most on the small graphs
-        this compile wins; where the C++ wrapper fails to compile, the Python one."""
-        from torch._guards import tracing
-        from torch._inductor.compile_fx import compile_fx
-
-        with capture_lock(), fx_tracing_window("compile"), tracing(None):
-            if self.config.cpp_wrapper and _cpp_wrapper_fits(gm, example_inputs):
-                try:
-                    with _refuse_proxy_executor(True):
-                        return compile_fx(gm, example_inputs, config_patches={"cpp_wrapper": True})
-                except Exception as e:
-                    log.info("fusegraph: plain Inductor compile with the C++ wrapper failed (%s: %s); "
-                             "compiling it with the Python wrapper", type(e).__name__, e)
-            return compile_fx(gm, example_inputs)
 
     def _compile(self, gm, example_inputs, params: dict, *, freeze: bool, graph_id: Optional[int] = None):
         """One compile of the Dynamo graph on the selected route; ``params`` ({input position: tensor}) are folded

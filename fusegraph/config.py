@@ -255,12 +255,13 @@ class CompilationConfig(_ConfigBase):
                                       "per call. Where the C++ wrapper fails to compile, the Python one is used "
                                       "(logged, stats.fallbacks). Plain torch.compile uses the Python wrapper.")
     fusion_choice = _Field("auto", _choice("auto", "model", "always"),
-                           "Inductor route only: 'model' keeps a fused op where it is predicted faster than "
-                           "Inductor's own code for the site (fusegraph.fusion.choice's cost model, measured per "
-                           "device, dtype and size) and lowers it back to aten ops elsewhere; 'auto' does that and "
-                           "also compiles the graph as plain torch.compile does, times both on the first calls and "
-                           "keeps the faster (fusegraph.fusion.measured; the verdict is cached on disk); 'always' "
-                           "keeps every fused op. The aten and graph routes always fuse.")
+                           "Inductor route only: 'auto' (and its former name 'model') keeps a fused op where it is "
+                           "predicted faster than Inductor's own code for the site and lowers it back to aten ops "
+                           "elsewhere, decided at compile time from the site's shapes, dtype, device and thread "
+                           "count by fusegraph.fusion.choice's cost model (a table of kernel measurements shipped with "
+                           "the package, or one `python -m fusegraph bench calibrate` measured on this machine): one "
+                           "compile per graph, nothing timed on the user's calls; 'always' keeps every fused op. The "
+                           "aten and graph routes always fuse.")
     graph_log_url = _Field(None, _optional_path, "A directory: each pass writes the graph before and after it "
                                                  "there, as readable text.")
     fusion_patterns = _Field(None, _fusion_patterns, "Which fusion pattern families run (FusionPatterns).")

@@ -17,8 +17,8 @@ class Stats:
     - ``patterns``: fused sites per family; ``lowered``: of those, the sites the Inductor route lowered back to
       aten ops because Inductor's own code is predicted faster there (fusegraph.fusion.choice; fused ops in
       the compiled code = patterns - lowered); ``fallbacks``: reason -> count; ``graph_choices``: Inductor-route
-      graphs whose two compiles were measured against each other (fusegraph.fusion.measured), by the one that
-      runs: ``"fused"`` (fusegraph's) or ``"inductor"`` (plain Inductor's, fusion and freezing dropped). Python
+      graphs by what the compile-time choice left in them: ``"fused"`` (at least one fused op kept) or
+      ``"inductor"`` (every site Inductor's own code, or nothing to fuse). Python
       dicts: change them through ``add_patterns``, ``add_lowered``, ``add_fallback`` and ``add_graph_choice``.
     - the scalars (``graphs_compiled``, ``graphs_captured``, ``replays``, ``inputs_copied``, ``inputs_skipped``,
       ``evictions``, ``recaptures``, ``eager_calls``, ``frozen_recompiles``, ``weight_invalidations``,

@@ -1,4 +1,4 @@
-"""fusegraph's files next to Inductor's cache (cost table, measured choices, conv-packing verdicts, fused counts) are
+"""fusegraph's files next to Inductor's cache (cost table, conv-packing verdicts, fused counts) are
 never trusted: a malformed, truncated, deeply nested, wrong-typed or foreign file is ignored with one warning and
 rewritten by the next store — never a failed compile (issue 23, item 5)."""
 import json
@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 from fusegraph import Backend, CompilationConfig, _verdicts, packing
-from fusegraph.fusion import choice, inductor_pass, measured
+from fusegraph.fusion import choice, inductor_pass
 
 # file content -> what is wrong with it
 BAD = {
@@ -26,18 +26,14 @@ BAD = {
 @pytest.fixture
 def cache_files(tmp_path, monkeypatch):
     """Every fusegraph cache file moved under tmp_path; this process's memory of them dropped."""
-    paths = {"cost": tmp_path / "cost.json", "choice": tmp_path / "choice.json", "packing": tmp_path / "packing.json",
-             "counts": tmp_path / "counts"}
+    paths = {"cost": tmp_path / "cost.json", "packing": tmp_path / "packing.json", "counts": tmp_path / "counts"}
     monkeypatch.setattr(choice, "calibration_path", lambda: str(paths["cost"]))
-    monkeypatch.setattr(measured, "cache_path", lambda: str(paths["choice"]))
     monkeypatch.setattr(packing, "cache_path", lambda: str(paths["packing"]))
     monkeypatch.setattr(inductor_pass, "_record_path", lambda key: str(paths["counts"] / f"{key}.json"))
     monkeypatch.setattr(_verdicts, "_warned", set())
-    measured.forget()
     packing._verdicts.forget()
     inductor_pass._records.clear()
     yield paths
-    measured.forget()
     packing._verdicts.forget()
     choice.cost_model(reload=True)
 
@@ -90,9 +86,8 @@ def test_cost_table_of_the_wrong_shape_is_refused(table, cache_files):
     assert choice.cost_model(reload=True).source == choice._SHIPPED
 
 
-@pytest.mark.parametrize("verdicts, name", [(measured._verdicts, "choice"), (packing._verdicts, "packing")])
-def test_verdict_files_drop_malformed_entries_and_rewrite(verdicts, name, cache_files, caplog):
-    good = [measured.FUSED, 1e-3, 2e-3] if name == "choice" else [True, 1e-3, 2e-3]
+def test_verdict_files_drop_malformed_entries_and_rewrite(cache_files, caplog):
+    verdicts, name, good = packing._verdicts, "packing", [True, 1e-3, 2e-3]
     cache_files[name].write_text(json.dumps({"bad1": [True], "bad2": ["fused", "x", 1], "bad3": 7, "bad4": [],
                                              "bad5": [1, 1e-3, 2e-3], "good": good}))
     with caplog.at_level(logging.WARNING, logger="fusegraph"):
@@ -132,10 +127,10 @@ class _Block(nn.Module):
 
 @pytest.mark.parametrize("bad", ["deeply_nested", "wrong_types"])
 def test_compiles_run_with_every_cache_file_bad(bad, cache_files):
-    """Every cache file bad at once: the default route compiles, measures, packs (pack_weights) and matches eager;
-    the choice file is rewritten with the verdict."""
+    """Every cache file bad at once: the default route compiles, chooses per site, packs (pack_weights) and matches
+    eager; the packing file is rewritten with the verdict."""
     cache_files["counts"].mkdir()
-    for key in ("cost", "choice", "packing"):
+    for key in ("cost", "packing"):
         cache_files[key].write_bytes(BAD[bad])
     torch._dynamo.reset()
     choice.cost_model(reload=True)
@@ -144,9 +139,9 @@ def test_compiles_run_with_every_cache_file_bad(bad, cache_files):
         for config in (CompilationConfig(), CompilationConfig(pack_weights=True, fusion_choice="model")):
             torch._dynamo.reset()
             fn = torch.compile(m, backend=Backend(config))
-            for _ in range(measured.CALLS + 2):
+            for _ in range(3):
                 img, x = torch.randn(1, 4, 8, 8), torch.randn(3, 32)
                 out, ref = fn(img, x), m(img, x)
                 torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
-    stored = json.loads(cache_files["choice"].read_text())
-    assert stored and all(v[0] in (measured.FUSED, measured.INDUCTOR) for v in stored.values())
+    stored = json.loads(cache_files["packing"].read_text())
+    assert stored and all(isinstance(v[0], bool) for v in stored.values())

@@ -29,9 +29,7 @@ def _variant_backend(name):
 
 
 def _timed(fn, inputs, device, reps, warmup=None) -> list:
-    from .timing import compiled_warmup
-
-    warmup = compiled_warmup() if warmup is None else warmup
+    warmup = 3 if warmup is None else warmup
     times = []
     with torch.no_grad():
         for i in range(warmup + reps):

@@ -24,7 +24,7 @@ import time as _time
 import torch
 import torch.nn.functional as F
 
-from fusegraph.bench.timing import compiled_warmup, fmt_time, machine_summary, synchronize
+from fusegraph.bench.timing import fmt_time, machine_summary, synchronize
 from fusegraph.config import CompilationConfig
 from fusegraph.graph.host import trace_fused
 
@@ -201,7 +201,7 @@ def main(argv=None) -> int:
         times = {k: [] for k in variants}
         kernel_sums, eager_kernel_sums, release_sums = [], [], []
         names = list(variants)
-        warm = max(10, compiled_warmup(0))  # untimed rounds: fg_default's measured choice is made in them
+        warm = 10  # untimed rounds
         for i in range(args.reps + warm):
             # rotate the order each round, so no variant always runs right after another one
             for name in names[i % len(names):] + names[:i % len(names)]:

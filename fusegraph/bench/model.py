@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from .timing import compiled_warmup, fmt_time, interleaved_seconds, machine_summary
+from .timing import fmt_time, interleaved_seconds, machine_summary
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -112,7 +112,6 @@ def compile_variant(name, make_fn, inputs, reference):
     if backend is not None:
         row["patterns"] = dict(backend.stats.patterns)
         row["lowered"] = dict(backend.stats.lowered)
-        row["_backend"] = backend  # graph_choices are read after the timing, whose warm-up calls decide them
         row["fallbacks"] = dict(backend.stats.fallbacks)
         row["graphs_captured"] = backend.stats.graphs_captured
     return row, fn, out
@@ -123,7 +122,7 @@ def time_round_robin(fns: dict, inputs, device, reps: int, warmup: int | None = 
     whose load changes over time biases every variant alike."""
     calls = {name: (lambda fn=fn: fn(**inputs)) for name, fn in fns.items()}
     with torch.no_grad():
-        times = interleaved_seconds(calls, device=device, warmup=compiled_warmup() if warmup is None else warmup,
+        times = interleaved_seconds(calls, device=device, warmup=3 if warmup is None else warmup,
                                     reps=reps)
     return {name: statistics.median(ts) for name, ts in times.items()}
 
@@ -239,9 +238,6 @@ def benchmark_model(model_name: str, dtype_name: str = "fp32", device="cpu", rep
     medians = time_round_robin(fns, inputs, device, reps)
     for row in rows:
         row["median_s"] = medians[row["variant"]]
-        backend = row.pop("_backend", None)
-        if backend is not None:
-            row["graph_choices"] = dict(backend.stats.graph_choices)
 
     eager = next((r["median_s"] for r in rows if r["variant"] == "eager"), None)
     inductor = next((r["median_s"] for r in rows if r["variant"] == "inductor"), None)
@@ -254,9 +250,6 @@ def benchmark_model(model_name: str, dtype_name: str = "fp32", device="cpu", rep
         lowered = r.get("lowered", {})
         fused = " ".join(f"{k}×{v}" + (f"({lowered[k]})" if lowered.get(k) else "")
                          for k, v in r.get("patterns", {}).items() if v) if "patterns" in r else "-"
-        choices = r.get("graph_choices") or {}
-        if sum(choices.values()):
-            fused += f"; graphs run: fusegraph's {choices.get('fused', 0)}, Inductor's {choices.get('inductor', 0)}"
         print(f"{r['variant']:<16} {r['compile_s']:8.2f}s {fmt_time(r['median_s']):>12} {ratio:>9} {vs_ind:>7} "
               f"{r['max_abs_diff']:10.2e}  {fused}")
     return dict(model=model_name, dtype=dtype_name, device=str(device), shape=shape,

@@ -7,8 +7,10 @@ transformer configs on the hub give them), with few blocks (``--layers``, defaul
 tokens (``--tokens``, default 256 image/video + 64 text) so that a variant runs in minutes on 2 cores; random
 weights (norm weights and zero-initialised projections re-randomised, as in the zoo).
 
-Each variant runs in a process of its own (resident memory is a process's): the model and inputs are built, the
-resident set read, the first call made (compile time), the variant warmed up past fusegraph's measured choice, the
+Each variant runs in a process of its own (resident memory is a process's) on an empty Inductor cache of its own
+(``TORCHINDUCTOR_CACHE_DIR``, removed after; ``--warm`` adds a second process's first call on the cache the first
+filled): the model and inputs are built, the
+resident set read, the first call made (compile time, cold caches), two warm-up calls made, the
 timed calls made, the resident set read again (the difference is what the compiled function holds), and the max
 |diff| against eager taken in the same process. Variants:
 
@@ -207,8 +209,6 @@ def run_variant(model_name: str, variant: str, dtype_name: str, img_tokens: int,
     """One variant, in this process: the row's figures."""
     import torch
 
-    from .timing import compiled_warmup
-
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
     model, inputs, _ = build(model_name, dtype, img_tokens, txt_tokens, layers)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -228,7 +228,6 @@ def run_variant(model_name: str, variant: str, dtype_name: str, img_tokens: int,
             from fusegraph import Backend, CompilationConfig
 
             fn = torch.compile(model, backend=Backend(CompilationConfig(**_overrides(variant.partition(":")[2]))))
-            warmup = compiled_warmup()
         else:
             raise SystemExit(f"bench real: argument --variants: unknown variant {variant!r}")
         t0 = time.perf_counter()
@@ -257,6 +256,8 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", default=None)
+    p.add_argument("--warm", action="store_true",
+                   help="also time the first call of a second process on the same cache (warm-cache compile)")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a single variant, in this process
     args = p.parse_args(argv)
     try:
@@ -281,6 +282,8 @@ def main(argv=None) -> int:
           f"{'median':>10s} {'vs inductor':>12s} {'max|diff|':>10s} {'/ max|out|':>10s}")
     rows = []
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+    import shutil
+    import tempfile
     for variant in variants:
         if variant == "openvino":
             try:
@@ -291,18 +294,29 @@ def main(argv=None) -> int:
         cmd = [sys.executable, "-m", "fusegraph", "bench", "real", "--one", variant, "--model", args.model,
                "--dtype", args.dtype, "--tokens", args.tokens, "--layers", str(args.layers), "--reps",
                str(args.reps), "--threads", str(args.threads)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-        if proc.returncode != 0 or not lines:
-            tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
-            print(f"{variant:40s} failed: {tail[:200]}")
-            continue
-        row = json.loads(lines[-1])
+        cache = tempfile.mkdtemp(prefix="fusegraph_bench_real_")  # cold: every variant compiles from nothing
+        try:
+            venv = dict(env, TORCHINDUCTOR_CACHE_DIR=cache)
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=venv)
+            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+            if proc.returncode != 0 or not lines:
+                tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
+                print(f"{variant:40s} failed: {tail[:200]}")
+                continue
+            row = json.loads(lines[-1])
+            if args.warm and variant not in ("eager", "openvino"):
+                again = subprocess.run(cmd[:cmd.index("--reps") + 1] + ["1"] + cmd[cmd.index("--reps") + 2:],
+                                       capture_output=True, text=True, env=venv)
+                lines = [ln for ln in again.stdout.splitlines() if ln.startswith("{")]
+                row["first_warm_s"] = json.loads(lines[-1])["first_s"] if again.returncode == 0 and lines else None
+        finally:
+            shutil.rmtree(cache, ignore_errors=True)
         rows.append(row)
         base = next((r["median_s"] for r in rows if r["variant"] == "inductor"), None)
         rel = f"{base / row['median_s']:11.3f}x" if base else f"{'':12s}"
         print(f"{variant:40s} {row['weights_mib']:7.0f} M {row['resident_mib']:9.0f} M "
               f"{100 * row['resident_mib'] / row['weights_mib']:6.1f}% {row['first_s']:9.1f} s "
+              f"{'' if row.get('first_warm_s') is None else format(row['first_warm_s'], '5.1f') + ' s warm  '}"
               f"{row['median_s'] * 1e3:8.0f} ms {rel} {row['max_diff']:10.2e} "
               f"{row['max_diff'] / max(row['ref_max'], 1e-30):10.2e}", flush=True)
     if args.json:

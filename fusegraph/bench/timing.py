@@ -10,15 +10,6 @@ from typing import Callable
 import torch
 
 
-def compiled_warmup(warmup: int = 2) -> int:
-    """Untimed calls for a variant compiled by fusegraph's default route: ``warmup`` after the calls its measured
-    graphs take to choose between fusegraph's and plain Inductor's compile (fusegraph.fusion.measured), so that
-    timed calls see the steady state, as Inductor's autotuning happens before timing too."""
-    from ..fusion.measured import CALLS
-
-    return CALLS + warmup
-
-
 def synchronize(device: torch.device | str) -> None:
     device = torch.device(device)
     if device.type == "cuda":

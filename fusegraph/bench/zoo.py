@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from .timing import (compiled_warmup, fmt_time, format_table, interleaved_seconds, run_facts, setup_device,
+from .timing import (fmt_time, format_table, interleaved_seconds, run_facts, setup_device,
                      write_json)
 
 
@@ -55,7 +55,7 @@ def bench_one(name: str, reps: int) -> dict:
             row[f"{variant}_compile_s"] = time.perf_counter() - t0
             row[f"{variant}_max_abs_diff"] = _max_abs_diff(out, ref)
         times = interleaved_seconds({k: (lambda fn=fn: fn(**kwargs)) for k, fn in fns.items()},
-                                     warmup=compiled_warmup(), reps=reps)
+                                     warmup=3, reps=reps)
     torch._dynamo.reset()
     for variant, ts in times.items():
         row[f"{variant}_s"] = statistics.median(ts)

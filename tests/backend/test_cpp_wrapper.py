@@ -38,8 +38,7 @@ def _inputs(seed=0, s=37):
 
 
 def _wrapper_seen(monkeypatch):
-    """The cpp_wrapper each of fusegraph's Inductor compiles asked for (its config_patches), one entry per compile;
-    plain Inductor's compile (the measured choice's) patches nothing and is not listed."""
+    """The cpp_wrapper each of fusegraph's Inductor compiles asked for (its config_patches), one entry per compile."""
     import torch._inductor.compile_fx as compile_fx_mod
 
     seen = []

@@ -15,10 +15,7 @@ from fusegraph import freezing
 from fusegraph import Backend, CompilationConfig
 
 ROUTES = {
-    # The per-call guard of frozen graphs is what is tested here: no timing of plain Inductor's compile against it
-    # on the first calls (fusion_choice="auto"), which would run some calls on the unfrozen compile
-    # (tests/fusion/test_measured.py).
-    "default": dict(fusion_choice="model"),
+    "default": {},
     "aten": dict(inductor=False),
     "graph_with_compile": dict(graph_with_compile=True),
     "graph_only": dict(graph_only=True),

@@ -27,7 +27,7 @@ peft = pytest.importorskip("peft")
 diffusers = pytest.importorskip("diffusers")
 
 ROUTES = {
-    "default": {},  # fusion_choice="auto": the first calls alternate between fusegraph's and Inductor's compile
+    "default": {},
     "aten": dict(inductor=False),
     "graph_with_compile": dict(graph_with_compile=True),  # fusion, then a captured graph (the host driver on CPU)
 }

@@ -3,13 +3,9 @@
 no grad:
 
 - every output tensor matches eager (``assert_close(rtol=1e-4, atol=1e-4)``) on every call, the first and then calls
-  with fresh inputs of the same shape, until fusegraph's own compile of every Dynamo graph has served at least two of
-  its calls on fresh inputs (``FRESH_FUSED``; at most ``MAX_CALLS`` calls). On the aten and graph routes every call
-  is fusegraph's (the graph route captures on the first and replays after): three calls. On the default route
-  (``fusion_choice="auto"``) a graph is measured (fusegraph.fusion.measured.MeasuredGraph): its first calls alternate
-  between fusegraph's compile and plain Inductor's, so call 2 is plain Inductor's; which compile served each call is
-  the graph's ``last_served`` (``Recording``): five calls for graphs called once a forward (fusegraph's compile on
-  calls 1, 3 and 5, plain Inductor's on 2 and 4);
+  with fresh inputs of the same shape, until every Dynamo graph has served at least two of its calls on fresh inputs
+  (``FRESH_FUSED``; at most ``MAX_CALLS`` calls): three calls for graphs called once a forward (the graph route
+  captures on the first and replays after; every route compiles each graph once, ``Recording``);
 - on the graph route, no call runs uncaptured (a capture that fails silently loses the route's point);
 - the fused ops in the graphs the backend hands on (``Backend.last_graph_ops`` of each Dynamo graph of the first
   call: ``fusegraph.rms_norm.default`` ...) equal, per op (``FUSED_OPS``: the three adaln families are one op), the
@@ -51,7 +47,6 @@ from torch._dynamo.utils import counters
 
 from fusegraph import Backend, CompilationConfig, zoo
 from fusegraph.bench.zoo import tensors
-from fusegraph.fusion import measured
 from tests.zoo.site_counter import FAMILIES, capture, count_sites
 
 ROUTES = {"default": {}, "aten": dict(inductor=False), "graph": dict(graph_with_compile=True)}
@@ -68,6 +63,7 @@ FUSED_OPS = {"fusegraph.rms_norm.default": "rms_norm", "fusegraph.rope.default":
              "fusegraph.mul_add.Scalar": "mul_add"}
 OP_FAMILIES = {"rms_norm": ("rms_norm",), "rope": ("rope",), "adaln": ("adaln", "adaln_rms", "adaln_noshift"),
                "gelu": ("gelu",), "mul_add": ("mul_add",)}
+FUSEGRAPH = "fusegraph"  # the compile serving a graph's calls (Recording.served)
 FRESH_FUSED = 2  # calls on fresh inputs that fusegraph's compile of each Dynamo graph must serve
 MAX_CALLS = 6  # calls of the compiled model at most (the default route needs five: see the module docstring)
 
@@ -98,11 +94,8 @@ def plain_capture(name: str) -> tuple[dict, dict, int, int, dict, dict]:
 
 class Recording:
     """A ``torch.compile`` backend around a fusegraph ``Backend``: the ops of each graph it hands on
-    (``Backend.last_graph_ops`` right after compiling that Dynamo graph) and, per call of each compiled graph, the
-    compile that served it — on the default route a measured graph (``measured.MeasuredGraph``) says it
-    (``last_served``: fusegraph's compile, ``measured.FUSED``, or plain Inductor's); any other compiled graph is
-    fusegraph's (the session's verdict cache starts empty, tests/conftest.py, so no cached verdict hands a graph to
-    plain Inductor unmeasured: ``stats.graph_choices`` would say so)."""
+    (``Backend.last_graph_ops`` right after compiling that Dynamo graph) and the calls of each compiled graph (one
+    compile per graph: fusegraph's serves every call)."""
 
     def __init__(self, backend: Backend):
         self.backend = backend
@@ -117,8 +110,7 @@ class Recording:
 
         def call(*args):
             out = compiled(*args)
-            served = compiled.last_served if isinstance(compiled, measured.MeasuredGraph) else measured.FUSED
-            self.served.append((self.model_call, graph, served))
+            self.served.append((self.model_call, graph, FUSEGRAPH))
             return out
 
         if getattr(compiled, "_boxed_call", False):
@@ -131,7 +123,7 @@ class Recording:
         counts: dict = {}
         for model_call, graph, served in self.served:
             if model_call > 1:
-                counts[graph] = counts.get(graph, 0) + (served == measured.FUSED)
+                counts[graph] = counts.get(graph, 0) + (served == FUSEGRAPH)
         return counts
 
 
@@ -246,9 +238,6 @@ def test_zoo(name, route):
     if short or not recording.fused_fresh():
         problems.append(f"fusegraph's compile served too few calls on fresh inputs in {len(outs)} calls (graph: "
                         f"calls, of at least {FRESH_FUSED}): {short or 'no graph called after the first call'}")
-    if backend.stats.graph_choices.get(measured.INDUCTOR):
-        problems.append(f"plain Inductor's compile was chosen for a graph (cached verdict?): "
-                        f"{backend.stats.graph_choices}")
     known, _ = KNOWN_UNFUSED.get(name, ({}, ""))
     sites = {k: v - known.get(k, 0) for k, v in sites.items()}
     # the fused ops the graphs hand on: the sites, less those lowered back to Inductor's code, less the modulated
