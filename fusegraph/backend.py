@@ -63,7 +63,7 @@ class _CompileJob:
         self.graph_id = graph_id
         self.counts: Optional[dict] = None
         self.fusing = True
-        self.freeze = backend.config.enable_freezing  # fold parameters into constants (False: the unfrozen re-compile)
+        self.freeze = backend.config.enable_freezing is True  # fold parameters into constants (False: the unfrozen re-compile)
         self.count = True  # add fused counts to stats (False: a re-compile of a graph already counted)
         self.fallbacks: list = []
         self.glog = passes.GraphLog(backend._log_dir, f"fusegraph Backend {id(backend):#x}, Dynamo graph {graph_id}")
@@ -165,12 +165,13 @@ class Backend:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
         t0 = time.perf_counter()
         captured_before, seconds_before = self.stats.graphs_captured, self.stats.capture_seconds
-        # Every route freezes when asked (weights become constants of the graph, so a captured graph holds them
-        # instead of copying them into static buffers on each replay). Dynamo reuses this graph for every module
+        # The graph and aten routes freeze by default, the Inductor route when asked (enable_freezing): weights
+        # become constants of the graph, so a captured graph holds them instead of copying them into static
+        # buffers on each replay. Dynamo reuses this graph for every module
         # instance of the same class, so the frozen graph is guarded per call (freezing.FrozenGraph).
         # A graph with symbolic shapes is not frozen: a re-compile on a guard miss would run outside Dynamo and
         # specialise its shapes.
-        freeze = self.config.enable_freezing and not torch.is_grad_enabled()
+        freeze = self._freezes(example_inputs) and not torch.is_grad_enabled()
         if freeze and freezing.has_symbolic_inputs(gm, example_inputs):
             log.debug("fusegraph: graph with symbolic shapes: compiled without freezing")
             freeze = False
@@ -189,6 +190,12 @@ class Backend:
         log.debug("fusegraph: graph %d compiled in %.2f s on the %s route (%s)", job.graph_id, seconds,
                   self.last_route, "Inductor" if self.last_route == "default" and self.config.inductor else "aten graph")
         return compiled
+
+    def _freezes(self, example_inputs) -> bool:
+        """``enable_freezing``, 'auto' (default) read as: every route but Inductor's (config.py says why)."""
+        if self.config.enable_freezing == "auto":
+            return not (self.select_route(example_inputs)[0] == "default" and self.config.inductor)
+        return self.config.enable_freezing
 
     def _compile(self, gm, example_inputs, params: dict, *, freeze: bool, graph_id: Optional[int] = None):
         """One compile of the Dynamo graph on the selected route; ``params`` ({input position: tensor}) are folded

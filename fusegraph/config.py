@@ -42,6 +42,12 @@ def _bool(name, v):
     return v
 
 
+def _auto_bool(name, v):
+    if v != "auto" and not isinstance(v, bool):
+        raise TypeError(f"{name} must be True, False or 'auto', got {v!r} ({type(v).__name__})")
+    return v
+
+
 def _nonneg_int(name, v):
     if isinstance(v, bool) or not isinstance(v, int):
         raise TypeError(f"{name} must be an int, got {v!r} ({type(v).__name__})")
@@ -236,8 +242,14 @@ class CompilationConfig(_ConfigBase):
                               "Multi-process graphs with collectives: 'call' compares the ranks' input signatures "
                               "on every call (one tiny all_reduce; a rank that differs raises naming it, never "
                               "hangs); 'capture' only before each capture (replay free of any exchange).")
-    enable_freezing = _Field(True, _bool, "Fold parameters into constants before compiling (inference only: "
-                                          "applies when autograd is off).")
+    enable_freezing = _Field("auto", _auto_bool,
+                             "Fold parameters into constants before compiling (inference only: applies when autograd "
+                             "is off). 'auto' (default): on the routes where it pays — the graph routes (a captured "
+                             "graph holds the weights instead of copying them into static buffers) and the aten "
+                             "route — and not on the Inductor route, where it measured no faster (BENCHMARKS) and "
+                             "costs compile time: Inductor does not cache frozen graphs (every process compiles "
+                             "again) and a graph shared by several module instances (regional compilation) is "
+                             "re-compiled per instance. True: every route; False: none.")
     concat_linear = _Field(False, _bool, "Under freezing, linears that read the same input (q/k/v projections) "
                                          "become one GEMM on concatenated weights (Inductor's concat-linear freezing "
                                          "pattern). The compiled graph then holds a concatenated copy of those "

@@ -15,7 +15,7 @@ from fusegraph import freezing
 from fusegraph import Backend, CompilationConfig
 
 ROUTES = {
-    "default": {},
+    "default": dict(enable_freezing=True),  # the Inductor route freezes when asked ('auto' does not freeze it)
     "aten": dict(inductor=False),
     "graph_with_compile": dict(graph_with_compile=True),
     "graph_only": dict(graph_only=True),

@@ -229,9 +229,10 @@ SHARED_CORE_CASES = {  # id: (form, x dtype, weight dtype, norms, plain)
 }
 
 
+@pytest.mark.parametrize("freezing", ["auto", True], ids=["default", "frozen"])
 @pytest.mark.parametrize("case", list(SHARED_CORE_CASES), ids=list(SHARED_CORE_CASES))
-def test_norms_sharing_their_core_fuse_on_default_route(case):
-    """The default route (``CompilationConfig()``: Inductor, freezing and its CSE before the fusion pass):
+def test_norms_sharing_their_core_fuse_on_default_route(case, freezing):
+    """The Inductor route (as default, and with freezing, whose CSE runs before the fusion pass):
     every norm fuses with its own weight, as on the aten route (split_shared_rms_cores gives each weight
     product its own copy of the core). Before, the shared core fused as one weightless norm and the weight
     products stayed: one site lost per extra norm."""
@@ -239,8 +240,8 @@ def test_norms_sharing_their_core_fuse_on_default_route(case):
     torch.manual_seed(0)
     m = NormsOfOneInput(form, 32, n, plain, dtype, w_dtype).eval()
     x = torch.randn(2, 7, 32, dtype=dtype)
-    b, out, eager = compile_and_run(m, x)
-    assert b.config.inductor and b.config.enable_freezing
+    b, out, eager = compile_and_run(m, x, enable_freezing=freezing)
+    assert b.config.inductor and b.config.enable_freezing is freezing
     sites = n + plain
     assert b.stats.patterns["rms_norm"] == sites and fused(b, "rms_norm") == sites, b.stats.patterns
     assert_matches(out, eager, scale=4.0, ref64=double(m, x))

@@ -26,8 +26,9 @@ from tests.fusion.pattern_checks import compile_and_run
 
 TOL = dict(rtol=1e-4, atol=1e-4)
 ATEN = dict(inductor=False)
-DEFAULT = {}  # Backend(CompilationConfig()): inductor=True, freezing on (its CSE runs before the fusion)
-ROUTES = [pytest.param(ATEN, id="aten"), pytest.param(DEFAULT, id="default")]
+DEFAULT = {}  # Backend(CompilationConfig()): inductor=True, no freezing
+FROZEN = dict(enable_freezing=True)  # inductor=True, freezing (its CSE runs before the fusion)
+ROUTES = [pytest.param(ATEN, id="aten"), pytest.param(DEFAULT, id="default"), pytest.param(FROZEN, id="frozen")]
 
 
 def count(model, cls):
@@ -51,7 +52,7 @@ def check(model, inputs, expected_rope, route=ATEN):
         return tuple(o for o in model(**inputs, return_dict=False) if isinstance(o, torch.Tensor))
 
     b, out, eager = compile_and_run(run, fullgraph=False, **route)
-    if route is DEFAULT:
+    if route is FROZEN:
         assert b.config.inductor and b.config.enable_freezing  # the route whose CSE the fix is about
     assert b.stats.patterns["rope"] == expected_rope, b.stats.patterns
     torch.testing.assert_close(out, eager, **TOL)
@@ -108,8 +109,9 @@ def test_ltx():
     check(model, inputs, 2 * count(model, LTXVideoTransformerBlock))
 
 
-@pytest.mark.parametrize("rope_type,route", [("interleaved", ATEN), ("split", ATEN), ("split", DEFAULT)],
-                         ids=["interleaved-aten", "split-aten", "split-default"])
+@pytest.mark.parametrize("rope_type,route", [("interleaved", ATEN), ("split", ATEN), ("split", DEFAULT),
+                                             ("split", FROZEN)],
+                         ids=["interleaved-aten", "split-aten", "split-default", "split-frozen"])
 def test_ltx2(rope_type, route):
     """LTX2AudioVideoAttnProcessor, per block: q and k of the video and audio self-attentions (attn1,
     audio_attn1) and of the audio-to-video and video-to-audio cross-attentions (8); attn2 / audio_attn2 (text)
@@ -129,7 +131,7 @@ def test_ltx2(rope_type, route):
     check(model, inputs, 8 * count(model, LTX2VideoTransformerBlock), route)
 
 
-@pytest.mark.parametrize("route", [pytest.param(ATEN, id="aten"), pytest.param(DEFAULT, id="default")])
+@pytest.mark.parametrize("route", ROUTES)
 def test_hidream(route):
     """HiDreamAttnProcessor: apply_rope(q, k) once per attention (two sites), double and single blocks.
     Dynamo reuses one graph for several block instances (MoE graph breaks); freezing is guarded per call

@@ -196,8 +196,9 @@ def test_zoo(name, route):
         torch._dynamo.reset()
         pytest.xfail(f"plain Inductor cannot compile {name} on CPU: {INDUCTOR_CANNOT_COMPILE[name]}")
     sites, frozen_sites, plain_graphs, plain_breaks, norms, frozen_norms = plain_capture(name)
-    # every route freezes (no grad): the graphs handed on have repeated computations merged (frozen_sites); the
-    # default route also fuses after freezing, the others before it (their matched counts are the plain sites)
+    # the graphs handed on have repeated computations merged (frozen_sites: the aten and graph routes' freezing,
+    # the Inductor route's aot_autograd CSE); the default route fuses after the merge, the others before it (their
+    # matched counts are the plain sites)
     match_sites = frozen_sites if route == "default" else sites
     sites, norms = frozen_sites, frozen_norms
     model, kw1 = zoo.build(name)
