@@ -43,6 +43,8 @@ build: $(DEPS_STAMP) system-deps
 	  cmake -S . -B $(BUILD_DIR) $$GEN -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE=$(abspath $(PY)) >/dev/null; \
 	fi
 	cmake --build $(BUILD_DIR) -j $(JOBS)
+	@# the pattern families' search patterns, traced once here rather than in every process (fusion/traced.py)
+	OMP_NUM_THREADS=1 $(PY) -c "from fusegraph.fusion import traced; traced.main(['--if-stale'])"
 
 cpp-test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)

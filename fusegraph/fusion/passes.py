@@ -24,6 +24,7 @@ import torch
 import torch.fx
 from torch._inductor.pattern_matcher import PatternMatcherPass
 
+from . import traced
 from .patterns import BY_NAME, FAMILY_NAMES, SWITCHES
 
 log = logging.getLogger("fusegraph")
@@ -94,7 +95,7 @@ def pattern_pass(family: str, opts) -> PatternMatcherPass:
             # Tracing mixed-dtype patterns (e.g. Wan's fp32 LayerNorm of a bf16 input) makes ATen warn about
             # its unfused layer_norm path; that is about the pattern's trace, not the user's model.
             with torch._guards.tracing(None), unset_fake_temporarily(), FakeTensorMode(), \
-                    warnings.catch_warnings():
+                    warnings.catch_warnings(), traced.cached(key):
                 warnings.filterwarnings("ignore", message="Mismatch dtype between input and weight")
                 BY_NAME[family].module.register(pm, copy.deepcopy(opts))
             counters["inductor"] = saved

@@ -1,0 +1,99 @@
+"""Traced search patterns kept across processes (fusegraph.fusion.traced): the patterns a registration reads back
+are the ones tracing gives, node by node, for every family; a registration from the file traces nothing; a bad
+file is ignored with one warning and the families trace; ``make build`` leaves the package's file current."""
+import json
+import logging
+
+import pytest
+from torch._inductor import pattern_matcher as pm
+
+from fusegraph import _verdicts
+from fusegraph.config import FusionPatterns
+from fusegraph.fusion import passes, traced
+
+
+@pytest.fixture
+def files(tmp_path, monkeypatch):
+    paths = {"shipped": tmp_path / "shipped.json", "user": tmp_path / "user.json"}
+    monkeypatch.setattr(traced, "SHIPPED", str(paths["shipped"]))
+    monkeypatch.setattr(traced, "user_path", lambda: str(paths["user"]))
+    monkeypatch.setattr(traced, "_entries", None)
+    monkeypatch.setattr(traced, "_new", {})
+    monkeypatch.setattr(passes, "_passes", {})
+    monkeypatch.setattr(_verdicts, "_warned", set())
+    return paths
+
+
+def _traces(monkeypatch) -> list:
+    """Counts the search patterns actually traced (Inductor's gen_pattern_and_search_gm under the cache)."""
+    calls = []
+    original = pm.gen_pattern_and_search_gm
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(pm, "gen_pattern_and_search_gm", counting)
+    return calls
+
+
+def _register_all() -> dict:
+    passes._passes.clear()
+    opts = FusionPatterns()
+    return {family: passes.pattern_pass(family, opts) for family in passes.FAMILY_NAMES}
+
+
+def _entries(pm_pass) -> list:
+    return [(key, entry.pattern) for key, entries in pm_pass.patterns.items() for entry in entries]
+
+
+def test_patterns_read_back_are_the_traced_ones(files, monkeypatch):
+    calls = _traces(monkeypatch)
+    first = _register_all()  # traced, written to the user's file
+    traced_count = len(calls)
+    stored = json.loads(files["user"].read_text())
+    assert stored["key"] == traced.source_key() and len(stored["entries"]) == traced_count > 300
+    traced._entries = None  # a new process: everything read from the file
+    again = _register_all()
+    assert len(calls) == traced_count  # nothing traced the second time
+    for family in passes.FAMILY_NAMES:
+        a, b = _entries(first[family]), _entries(again[family])
+        assert [k for k, _ in a] == [k for k, _ in b], family
+        assert all(traced._same(x, y) for (_, x), (_, y) in zip(a, b)), family
+        assert len(a) > 0, family
+
+
+def test_a_changed_pattern_is_caught_by_the_comparison(files):
+    """The check that guards what is kept: a pattern that differs in one op or one user count is not equal."""
+    _register_all()
+    pattern = _entries(passes._passes[passes.family_key("rms_norm", FusionPatterns())])[0][1]
+    data = traced._encode(pattern)
+    assert traced._same(traced._decode(json.loads(json.dumps(data))), pattern)
+    text = json.dumps(data)
+    for old, new in (('"mul", "Tensor"', '"div", "Tensor"'), ('"users": 1', '"users": 2')):
+        if old in text:
+            assert not traced._same(traced._decode(json.loads(text.replace(old, new, 1))), pattern), old
+
+
+@pytest.mark.parametrize("content", [b"[" * 100000, "wrong types", b"\xff\xfe", b'{"k'])
+def test_a_bad_file_is_ignored_and_the_families_trace(files, monkeypatch, caplog, content):
+    if content == "wrong types":
+        content = json.dumps({"key": traced.source_key(), "entries": {"a": 3}}).encode()
+    files["shipped"].write_bytes(content)
+    calls = _traces(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="fusegraph"):
+        _register_all()
+    assert len(calls) > 300
+    assert sum(str(files["shipped"]) in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_file_for_other_sources_is_not_read(files, monkeypatch):
+    files["shipped"].write_text(json.dumps({"key": "other sources", "entries": {"x": [{}, ""]}}))
+    calls = _traces(monkeypatch)
+    _register_all()
+    assert len(calls) > 300
+
+
+def test_the_package_file_is_current():
+    """``make build`` (which ``make test`` runs first) traced the families of these sources and this torch."""
+    assert traced.shipped_is_current(), f"{traced.SHIPPED}: missing or stale; run make build"
