@@ -228,3 +228,20 @@ def test_bench_real_builds_published_widths_and_runs_a_variant():
     assert "2048 = 32 x 64" in summary
     row = real.run_variant("ltx", "eager", "bf16", 4, 4, 1, 1, 1)
     assert row["max_diff"] == 0 and row["median_s"] > 0 and row["weights_mib"] > 300  # 2 blocks: 177 M parameters
+
+
+@pytest.mark.parametrize("argv, needle", [(["--models", "nope"], "--models"), (["--modes", "partial"], "--modes"),
+                                          (["--threads", "0"], "--threads")])
+def test_bench_compile_argument_errors_name_the_argument(argv, needle, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli(["bench", "compile", *argv])
+    assert e.value.code == 2 and needle in capsys.readouterr().err
+
+
+def test_bench_compile_times_a_regional_first_call():
+    """One variant's first call in this process, regional (diffusers' compile_repeated_blocks with fusegraph)."""
+    from fusegraph.bench import compile as bench_compile
+
+    torch._dynamo.reset()
+    assert bench_compile.first_call("tiny_flux", "regional", "fusegraph", "fp32") > 0
+    torch._dynamo.reset()
