@@ -1,6 +1,7 @@
 """FLUX.1 widths (1+1 blocks): the weight policies of fusegraph's fused compile side by side, in one process,
-interleaved rounds, medians: aliasing freezing (the default: no weight copy), pack_weights=True (oneDNN-packed
-bf16 linears, a copy), pack_weights + concat_linear (the former default), freezing off, and plain Inductor.
+interleaved rounds, medians: aliasing freezing (no weight copy), pack_weights=True (oneDNN-packed
+bf16 linears, a copy), pack_weights + concat_linear (the former default), freezing off (the Inductor route's default since
+issue 23), and plain Inductor.
 fusion_choice="always" for every fusegraph variant, so that only the weight policy differs.
 Usage: OMP_NUM_THREADS=1 ROUNDS=7 TOKENS=256,64 .venv/bin/python scripts/ab_freezing.py fp32|bf16 [names...]"""
 import os
@@ -17,10 +18,11 @@ from fusegraph.bench.real import build_flux_real  # noqa: E402
 dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[sys.argv[1]]
 img, txt = (int(v) for v in os.environ.get("TOKENS", "256,64").split(","))
 model, inp = build_flux_real(dtype, img, txt)
-cfgs = {"alias (default)": dict(fusion_choice="always"),
-        "pack_weights": dict(fusion_choice="always", pack_weights=True),
-        "pack+concat (former)": dict(fusion_choice="always", pack_weights=True, concat_linear=True),
-        "freezing off": dict(fusion_choice="always", enable_freezing=False),
+cfgs = {"alias": dict(fusion_choice="always", enable_freezing=True),
+        "pack_weights": dict(fusion_choice="always", enable_freezing=True, pack_weights=True),
+        "pack+concat (former)": dict(fusion_choice="always", enable_freezing=True, pack_weights=True,
+                                     concat_linear=True),
+        "freezing off (default)": dict(fusion_choice="always", enable_freezing=False),
         "inductor": None}
 wanted = sys.argv[2:] or list(cfgs)
 print(f"FLUX.1 widths, 1+1 blocks, {img}+{txt} tokens, {sys.argv[1]}, {torch.get_num_threads()} thread(s), "
