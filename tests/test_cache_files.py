@@ -136,7 +136,7 @@ def test_compiles_run_with_every_cache_file_bad(bad, cache_files):
     choice.cost_model(reload=True)
     m = _Block().eval()
     with torch.no_grad():
-        for config in (CompilationConfig(), CompilationConfig(pack_weights=True, fusion_choice="model")):
+        for config in (CompilationConfig(), CompilationConfig(pack_weights=True, enable_freezing=True)):
             torch._dynamo.reset()
             fn = torch.compile(m, backend=Backend(config))
             for _ in range(3):
