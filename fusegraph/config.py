@@ -182,6 +182,11 @@ class FusionPatterns(_ConfigBase):
     enable_gemv = _Field(True, _bool, "Run linear layers of at most 8 rows with a large weight (a decode step's "
                                       "projections, CPU) as fusegraph.gemv, one bandwidth-bound pass over the "
                                       "weight.")
+    enable_linear = _Field("auto", _auto_bool,
+                           "Run float32 linear layers of more than 8 rows and at least 2^20 multiply-adds (CPU) "
+                           "through oneDNN's matmul on the module's own weight (fusegraph.linear) instead of "
+                           "ATen's addmm (MKL's sgemm). 'auto': on CPUs where MKL's sgemm is the slower kernel "
+                           "(non-Intel with AVX-512: 2.1-2.4x measured); True: on any CPU; False: never.")
     gelu_approximation = _Field("tanh", _choice("tanh", "sigmoid"),
                                 "'tanh': tanh-GELU becomes fusegraph.gelu_tanh (exact); 'sigmoid': "
                                 "fusegraph.fast_gelu x*sigmoid(1.702x), the NPU fast-gelu (up to 0.02 "
@@ -191,7 +196,7 @@ class FusionPatterns(_ConfigBase):
         """Pattern families switched on, in pass order (``fusegraph.fusion.patterns.FAMILIES``)."""
         from .fusion.patterns import FAMILIES
 
-        return tuple(f.name for f in FAMILIES if getattr(self, f.switch))
+        return tuple(f.name for f in FAMILIES if f.on(self))
 
 
 def _fusion_patterns(name, v):

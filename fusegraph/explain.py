@@ -38,6 +38,7 @@ import torch
 import torch.fx
 
 from .fusion import FAMILY_NAMES, choice, passes
+from .fusion.patterns import BY_NAME
 from .fusion.patterns._prepare import depends_on
 
 _aten = torch.ops.aten
@@ -381,6 +382,17 @@ def _gemv_anchor(node) -> Optional[str]:
     return None
 
 
+def _linear_anchor(node) -> Optional[str]:
+    """A float32 linear layer of many rows (mm/addmm), as the linear family defines its sites."""
+    from .fusion.patterns import linear
+
+    if _is(node, _aten.mm.default) and linear.site_ok(node.args[0], node.args[1]):
+        return "float32 mm"
+    if _is(node, _aten.addmm.default) and linear.site_ok(node.args[1], node.args[2], node.args[0]):
+        return "float32 addmm"
+    return None
+
+
 # family -> (node -> label or None). Order matters only for reading.
 CANDIDATES: dict = {
     "adaln": _adaln_anchor,
@@ -392,6 +404,7 @@ CANDIDATES: dict = {
     "mul_add": _mul_add_anchor,
     "kv_attention": _kv_attention_anchor,
     "gemv": _gemv_anchor,
+    "linear": _linear_anchor,
 }
 
 def _candidates(graph: torch.fx.Graph, families) -> list:
@@ -690,7 +703,10 @@ class _Observer:
             if node in nodes:
                 site.inductor = choice.describe(node)
         with _explicit_rms_calls(graph):
-            candidates = _candidates(graph, FAMILY_NAMES)
+            # A family the config switches on but this machine does not use ('auto' off here: linear on a CPU
+            # where MKL's sgemm is the faster kernel) has no candidates: nothing to fuse is missed.
+            candidates = _candidates(graph, [f for f in FAMILY_NAMES
+                                             if f in self.enabled or not getattr(self.opts, BY_NAME[f].switch)])
             reasons = {node: self.reasons.get(node) or _reason(family, node, passes.pattern_pass(family, self.opts))
                        for family, node, _ in candidates
                        if family in self.enabled and family in self.ran}

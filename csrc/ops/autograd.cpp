@@ -47,7 +47,7 @@ void set_autograd_hook(AutogradHook hook) { hook_slot() = std::move(hook); }
 TORCH_LIBRARY_IMPL(fusegraph, Autograd, m) {
   for (const char* name :
        {"rms_norm", "rope", "adaln", "gelu_tanh", "fast_gelu", "mul_add", "mul_add.Scalar", "kv_attention",
-        "gemv"}) {
+        "gemv", "linear"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&autograd_kernel>());
   }
 }

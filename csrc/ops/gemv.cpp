@@ -14,10 +14,11 @@ namespace fusegraph {
 FG_DEFINE_CPU_STUB(gemv_stub, gemv_fn);
 
 namespace {
-constexpr const char* kOp = "gemv";
+constexpr const char* kGemv = "gemv";
 }
 
-void check_gemv_args(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+void check_gemv_args(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                     const char* kOp) {
   check_float_tensor(x, kOp, "x");
   check_float_tensor(weight, kOp, "weight");
   TORCH_CHECK_VALUE(x.dim() >= 1, "fusegraph.", kOp,
@@ -41,17 +42,17 @@ void check_gemv_args(const at::Tensor& x, const at::Tensor& weight, const std::o
 
 namespace {
 
-std::vector<int64_t> out_sizes(const at::Tensor& x, const at::Tensor& weight) {
+}  // namespace
+
+std::vector<int64_t> linear_out_sizes(const at::Tensor& x, const at::Tensor& weight) {
   std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end());
   sizes.back() = weight.size(0);
   return sizes;
 }
 
-}  // namespace
-
 at::Tensor gemv_reference(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
-  check_gemv_args(x, weight, bias);
-  at::Tensor out = new_output(out_sizes(x, weight), x.options());
+  check_gemv_args(x, weight, bias, kGemv);
+  at::Tensor out = new_output(linear_out_sizes(x, weight), x.options());
   if (out.numel() == 0) return out;
   return out.copy_(at::linear(x, weight, bias));
 }
@@ -59,10 +60,10 @@ at::Tensor gemv_reference(const at::Tensor& x, const at::Tensor& weight, const s
 namespace {
 
 at::Tensor gemv_cpu(const at::Tensor& x_in, const at::Tensor& w_in, const std::optional<at::Tensor>& bias_in) {
-  check_gemv_args(x_in, w_in, bias_in);
+  check_gemv_args(x_in, w_in, bias_in, kGemv);
   const at::Tensor bias = bias_in.has_value() ? *bias_in : at::Tensor();
   if (uses_float64({&x_in})) return gemv_reference(x_in, w_in, bias_in);
-  at::Tensor out = new_output(out_sizes(x_in, w_in), x_in.options());
+  at::Tensor out = new_output(linear_out_sizes(x_in, w_in), x_in.options());
   if (out.numel() == 0) return out;
   if (x_in.size(-1) == 0) return bias.defined() ? out.copy_(bias.expand_as(out)) : out.zero_();
   // rows: x as [M, K] (a view where the leading dims allow one), its last dim contiguous
@@ -70,7 +71,7 @@ at::Tensor gemv_cpu(const at::Tensor& x_in, const at::Tensor& w_in, const std::o
   const at::Tensor x = rows.stride(1) == 1 ? rows : rows.contiguous();
   const at::Tensor w = w_in.stride(1) == 1 ? w_in : w_in.contiguous();
   at::Tensor out2d = out.view({-1, w_in.size(0)});
-  gemv_stub.get(kOp)(x, w, bias.defined() ? bias.contiguous() : bias, out2d);
+  gemv_stub.get(kGemv)(x, w, bias.defined() ? bias.contiguous() : bias, out2d);
   return out;
 }
 

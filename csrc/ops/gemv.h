@@ -4,6 +4,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <optional>
+#include <vector>
 
 #include "ops/cpu/isa_dispatch.h"
 
@@ -14,8 +15,13 @@ namespace fusegraph {
 using gemv_fn = void (*)(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, at::Tensor& out);
 FG_DECLARE_CPU_STUB(gemv_stub, gemv_fn);
 
-// Validates the arguments on any device: x [..., K], weight [N, K], bias [N] or none.
-void check_gemv_args(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
+// Validates the arguments on any device: x [..., K], weight [N, K], bias [N] or none (gemv's and linear's; `op`
+// names the op in the messages).
+void check_gemv_args(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                     const char* op = "gemv");
+
+// [..., N]: x's sizes with the last one weight's out_features.
+std::vector<int64_t> linear_out_sizes(const at::Tensor& x, const at::Tensor& weight);
 
 // The same math with at:: ops (at::linear): the float64 path and every device without a kernel of its own.
 at::Tensor gemv_reference(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);

@@ -29,4 +29,6 @@ TORCH_LIBRARY(fusegraph, m) {
       "-> Tensor");
   m.set_python_module("fusegraph.ops.gemv");
   m.def("gemv(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor");
+  m.set_python_module("fusegraph.ops.linear");
+  m.def("linear(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor");
 }

@@ -19,7 +19,7 @@ import torch
 
 from .._verdicts import read_json
 
-from . import choice, passes
+from . import choice, passes, patterns
 
 try:
     from torch._inductor.custom_graph_pass import CustomInferenceAwareGraphPass as _PassBase
@@ -79,7 +79,8 @@ class FusionPass(_PassBase):
                                                       ("weights", "aliasing folds; packing: linear bf16/fp16 "
                                                        "only, conv measured", self.config.concat_linear,
                                                        self.config.pack_weights),  # freezing.py
-                                                      ("cpp_wrapper", self.config.cpp_wrapper))
+                                                      ("cpp_wrapper", self.config.cpp_wrapper),
+                                                      ("linear", patterns.BY_NAME["linear"].on(fp)))
         return hashlib.sha256(repr((_source_hash(), opts)).encode()).hexdigest()
 
     def __deepcopy__(self, memo):  # Inductor may deep-copy its config; the pass is stateless as far as it is concerned

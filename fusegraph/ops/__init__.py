@@ -9,8 +9,9 @@ from .adaln import adaln
 from .kv_attention import kv_attention
 from .gelu import fast_gelu, gelu_tanh
 from .gemv import gemv
+from .linear import linear
 from .mul_add import mul_add
 from .rms_norm import rms_norm
 from .rope import rope
 
-__all__ = ["rms_norm", "rope", "adaln", "gelu_tanh", "fast_gelu", "mul_add", "kv_attention", "gemv"]
+__all__ = ["rms_norm", "rope", "adaln", "gelu_tanh", "fast_gelu", "mul_add", "kv_attention", "gemv", "linear"]

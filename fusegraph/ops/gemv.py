@@ -20,25 +20,25 @@ def gemv(x, weight, bias=None) -> torch.Tensor:
     return torch.ops.fusegraph.gemv(x, weight, bias)
 
 
-def check_args(x, weight, bias) -> None:
-    """The C++ checks (csrc/ops/gemv.cpp), for the fake kernel."""
-    check_float_tensor(x, "gemv", "x")
-    check_float_tensor(weight, "gemv", "weight")
+def check_args(x, weight, bias, op: str = "gemv") -> None:
+    """The C++ checks (csrc/ops/gemv.cpp, gemv's and linear's), for the fake kernels."""
+    check_float_tensor(x, op, "x")
+    check_float_tensor(weight, op, "weight")
     if x.dim() < 1:
-        raise ValueError("fusegraph.gemv: argument 'x' is a 0-dim tensor; expected [..., in_features]")
+        raise ValueError(f"fusegraph.{op}: argument 'x' is a 0-dim tensor; expected [..., in_features]")
     if weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
-        raise ValueError(f"fusegraph.gemv: argument 'weight' has shape {list(weight.shape)}; expected "
+        raise ValueError(f"fusegraph.{op}: argument 'weight' has shape {list(weight.shape)}; expected "
                          f"[out_features, {x.shape[-1]}] (x's in_features)")
-    check_same_device(x, "x", weight, "gemv", "weight")
+    check_same_device(x, "x", weight, op, "weight")
     if weight.dtype != x.dtype:
-        raise ValueError(f"fusegraph.gemv: argument 'weight' has dtype {weight.dtype}; expected x's dtype {x.dtype}")
+        raise ValueError(f"fusegraph.{op}: argument 'weight' has dtype {weight.dtype}; expected x's dtype {x.dtype}")
     if bias is not None:
-        check_float_tensor(bias, "gemv", "bias")
-        check_same_device(x, "x", bias, "gemv", "bias")
+        check_float_tensor(bias, op, "bias")
+        check_same_device(x, "x", bias, op, "bias")
         if bias.dtype != x.dtype:
-            raise ValueError(f"fusegraph.gemv: argument 'bias' has dtype {bias.dtype}; expected x's dtype {x.dtype}")
+            raise ValueError(f"fusegraph.{op}: argument 'bias' has dtype {bias.dtype}; expected x's dtype {x.dtype}")
         if bias.dim() != 1 or bias.shape[0] != weight.shape[0]:
-            raise ValueError(f"fusegraph.gemv: argument 'bias' has shape {list(bias.shape)}; expected "
+            raise ValueError(f"fusegraph.{op}: argument 'bias' has shape {list(bias.shape)}; expected "
                              f"[{weight.shape[0]}] (weight's out_features)")
 
 
@@ -48,12 +48,13 @@ def _gemv_fake(x, weight, bias=None):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
-def _setup_context(ctx, inputs, output):
+def setup_context(ctx, inputs, output):
     ctx.save_for_backward(*[t for t in inputs if t is not None])
     ctx.has_bias = len(inputs) > 2 and inputs[2] is not None
 
 
-def _backward(ctx, grad):
+def backward(ctx, grad):
+    """F.linear's gradient (gemv's and linear's)."""
     inputs = [t.detach().requires_grad_() for t in ctx.saved_tensors]
     with torch.enable_grad():
         out = F.linear(*inputs)
@@ -61,4 +62,4 @@ def _backward(ctx, grad):
     return tuple(grads) + (() if ctx.has_bias else (None,))
 
 
-register_autograd("fusegraph::gemv", _backward, setup_context=_setup_context)
+register_autograd("fusegraph::gemv", backward, setup_context=setup_context)

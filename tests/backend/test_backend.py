@@ -214,7 +214,7 @@ def test_freezing_folds_parameters_on_the_aten_route(freezing):
 
 # the SPEC's five families, then the families added since (keys are added at the end, never renamed)
 INFO_LINE = re.compile(r"^fusegraph: fused rms_norm×(\d+) rope×(\d+) adaln×(\d+) gelu×(\d+) mul_add×(\d+) "
-                       r"adaln_rms×\d+ adaln_noshift×\d+ kv_attention×\d+ gemv×\d+; "
+                       r"adaln_rms×\d+ adaln_noshift×\d+ kv_attention×\d+ gemv×\d+ linear×\d+; "
                        r"captured (\d+) graphs? \((\d+\.\d\d) s, (\d+\.\d) MiB\)$")
 
 

@@ -2,6 +2,7 @@
 import copy
 
 import pytest
+import torch
 
 from fusegraph import Backend, CompilationConfig, FusionPatterns
 
@@ -82,12 +83,42 @@ def test_fusion_patterns_class_default_and_overrides():
 
 
 def test_enabled_families_in_pass_order():
-    fp = FusionPatterns(enable_rope=False)
+    fp = FusionPatterns(enable_rope=False, enable_linear=True)
     assert fp.enabled_families() == ("adaln", "rms_norm", "adaln_rms", "adaln_noshift", "gelu", "mul_add",
-                                     "kv_attention", "gemv")
+                                     "kv_attention", "gemv", "linear")
     # enable_adalayernorm switches the three modulation families together
-    assert FusionPatterns(enable_adalayernorm=False).enabled_families() == ("rope", "rms_norm", "gelu", "mul_add",
-                                                                            "kv_attention", "gemv")
+    assert FusionPatterns(enable_adalayernorm=False, enable_linear=False).enabled_families() == (
+        "rope", "rms_norm", "gelu", "mul_add", "kv_attention", "gemv")
+
+
+@pytest.mark.parametrize("rule", [True, False])
+def test_linear_auto_follows_the_machine_rule(monkeypatch, rule):
+    """enable_linear='auto' turns the family on exactly where the machine rule says oneDNN's float32 linear is
+    the faster kernel; True / False override it."""
+    from fusegraph.fusion.patterns import linear
+
+    monkeypatch.setattr(linear, "machine_rule", lambda: (rule, "test"))
+    assert ("linear" in FusionPatterns().enabled_families()) is rule
+    assert "linear" in FusionPatterns(enable_linear=True).enabled_families()
+    assert "linear" not in FusionPatterns(enable_linear=False).enabled_families()
+
+
+def test_linear_machine_rule(monkeypatch):
+    """The rule reads the CPU vendor and ISA, not a timing: Intel keeps MKL, a non-Intel AVX-512 CPU gets
+    oneDNN, a non-Intel CPU without AVX-512 keeps MKL."""
+    from fusegraph.fusion.patterns import linear
+
+    cases = [("GenuineIntel", "AVX512", False), ("AuthenticAMD", "AVX512", True), ("AuthenticAMD", "AVX2", False),
+             ("", "AVX512", False)]
+    for vendor, isa, expected in cases:
+        linear.machine_rule.cache_clear()
+        monkeypatch.setattr(linear, "_cpu_vendor", lambda v=vendor: v)
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda i=isa: i)
+        monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: True)
+        monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: True)
+        ok, why = linear.machine_rule()
+        assert ok is expected, (vendor, isa, why)
+    linear.machine_rule.cache_clear()
 
 
 @pytest.mark.parametrize("overrides,exc,words", [

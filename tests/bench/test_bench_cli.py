@@ -154,9 +154,9 @@ def test_bench_zoo_prints_counts_and_times(tmp_path, capsys):
     row = json.loads(path.read_text())["rows"][0]
     # tiny Flux (2 double + 2 single blocks): every site fused, present = fused (nothing left unfused); it has
     # sites of every family but the two modulation families beyond AdaLN (RMSNorm / no-shift modulation) and the
-    # decode-step families (no KV cache, no large few-row linear)
+    # decode-step families (no KV cache, no large few-row linear), nor float32 linears of 2^20 multiply-adds
     counts = row["counts"]
-    none = ("adaln_rms", "adaln_noshift", "kv_attention", "gemv")
+    none = ("adaln_rms", "adaln_noshift", "kv_attention", "gemv", "linear")
     assert all(c["unfused"] == 0 for c in counts.values()), counts
     assert all(c["fused"] > 0 for f, c in counts.items() if f not in none), counts
     assert all(counts[f]["fused"] == 0 for f in none), counts
@@ -245,3 +245,24 @@ def test_bench_compile_times_a_regional_first_call():
     torch._dynamo.reset()
     assert bench_compile.first_call("tiny_flux", "regional", "fusegraph", "fp32") > 0
     torch._dynamo.reset()
+
+
+def test_bench_gemm_compares_both_kernels_and_says_what_the_pass_does(tmp_path, capsys):
+    import json
+
+    from fusegraph.fusion.patterns import linear
+
+    path = tmp_path / "gemm.json"
+    assert cli(["bench", "gemm", "--quick", "--dtype", "fp32,bf16", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "fusegraph.linear" in out and "linear family rule" in out
+    data = json.loads(path.read_text())
+    assert data["rule"][0] is linear.machine_rule()[0]
+    rows = data["results"]
+    assert {r["dtype"] for r in rows} == {"torch.float32", "torch.bfloat16"}
+    for r in rows:
+        assert min(r["median_s"].values()) > 0 and max(r["max_err_vs_float64"].values()) < 0.05
+        expected = "linear" if r["dtype"] == "torch.float32" and linear.machine_rule()[0] else "addmm"
+        assert r["route"] == expected, r
+    with pytest.raises(ValueError, match="--dtype"):
+        cli(["bench", "gemm", "--dtype", "fp8"])

@@ -130,15 +130,15 @@ def test_a_site_must_save_context_us_to_stay_fused(monkeypatch):
 
 
 def test_shipped_table_covers_every_family_and_dtype():
-    """Every family the choice weighs has a table; the others (kv_attention, gemv: extern calls replaced by ours)
-    are not in CALIBRATED."""
+    """Every family the choice weighs has a table; the others (kv_attention, gemv, linear: extern calls replaced
+    by ours) are not in CALIBRATED."""
     with open(choice._SHIPPED) as f:
         data = json.load(f)
     assert data["version"] == choice.TABLE_VERSION
     per_threads = data["tables"]["cpu"]
     assert "1" in per_threads
     assert set(choice.CALIBRATED) <= set(fusegraph.stats.PATTERN_NAMES)
-    assert set(fusegraph.stats.PATTERN_NAMES) - set(choice.CALIBRATED) == {"kv_attention", "gemv"}
+    assert set(fusegraph.stats.PATTERN_NAMES) - set(choice.CALIBRATED) == {"kv_attention", "gemv", "linear"}
     for family in choice.CALIBRATED:
         for dtype in ("float32", "bfloat16", "float16"):
             points = per_threads["1"][family][dtype]

@@ -181,8 +181,9 @@ def test_shared_and_refused_candidates_and_disabled_families_have_reasons():
         return n + v, y, p, g, F.gelu(x, approximate="tanh"), ln  # site: disabled gelu
 
     x, w = torch.randn(2, 4, 8), torch.randn(8)
-    r = fusegraph.explain(fn, x, w, config={"fusion_patterns": {"enable_fast_gelu": False}})
-    assert r.enabled == ["adaln", "rope", "rms_norm", "adaln_rms", "adaln_noshift", "mul_add", "kv_attention", "gemv"]
+    r = fusegraph.explain(fn, x, w, config={"fusion_patterns": {"enable_fast_gelu": False, "enable_linear": True}})
+    assert r.enabled == ["adaln", "rope", "rms_norm", "adaln_rms", "adaln_noshift", "mul_add", "kv_attention", "gemv",
+                         "linear"]
     [rms] = r.unfused("rms_norm")  # the variance is read outside the norm
     assert "users outside the site" in rms.reason
     assert {s.line: s.reason for s in r.unfused("gelu")} == {

@@ -20,7 +20,7 @@ def ops_of(gm):
 
 def test_family_order_puts_supersets_first():
     assert FAMILIES == ("adaln", "rope", "rms_norm", "adaln_rms", "adaln_noshift", "gelu", "mul_add", "kv_attention",
-                        "gemv")
+                        "gemv", "linear")
 
 
 def test_pattern_pass_cached_per_relevant_options():
@@ -39,7 +39,7 @@ def test_fuse_graph_counts_and_stats():
     stats = Stats()
     counts = fuse_graph(gm, CompilationConfig(), stats=stats)
     assert counts == {"adaln": 0, "rope": 0, "rms_norm": 0, "adaln_rms": 0, "adaln_noshift": 0, "gelu": 1,
-                      "mul_add": 1, "kv_attention": 0, "gemv": 0}
+                      "mul_add": 1, "kv_attention": 0, "gemv": 0, "linear": 0}
     assert stats.patterns["gelu"] == 1 and stats.patterns["mul_add"] == 1
     assert ops_of(gm) == ["fusegraph.gelu_tanh.default", "fusegraph.mul_add.default"]
     x, y, g = torch.randn(4, 8), torch.randn(4, 8), torch.randn(1, 8)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Callable, Optional
 
-from . import adaln, adaln_noshift, adaln_rms, gelu, gemv, kv_attention, mul_add, rms_norm, rope
+from . import adaln, adaln_noshift, adaln_rms, gelu, gemv, kv_attention, linear, mul_add, rms_norm, rope
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,12 @@ class Family:
     module: ModuleType  # register(pm, opts)
     options: tuple = ()  # further FusionPatterns fields that change what ``module`` registers
     listed: int = 0  # its place in Stats.patterns and the INFO line (SPEC §1.3's order, then newer families)
+    # Whether the switch's value turns the family on on this machine (default: the value is truthy).
+    active: Optional[Callable] = None
+
+    def on(self, opts) -> bool:
+        value = getattr(opts, self.switch)
+        return bool(value) if self.active is None else self.active(value)
 
 
 # Pass order: a family whose pattern contains another's runs first (adaln and rope before mul_add, ...).
@@ -35,6 +42,8 @@ FAMILIES: tuple = (
     Family("mul_add", "enable_mul_add", mul_add, listed=4),
     Family("kv_attention", "enable_kv_attention", kv_attention, listed=7),
     Family("gemv", "enable_gemv", gemv, listed=8),
+    Family("linear", "enable_linear", linear, options=("enable_linear",), listed=9,
+           active=linear.uses_onednn),
 )
 
 FAMILY_NAMES: tuple = tuple(f.name for f in FAMILIES)  # pass order

@@ -82,7 +82,10 @@ def _unflattened(node, x):
     return src, out
 
 
-def _replace(node, x, w, bias):
+def replace(node, x, w, bias, op=None):
+    """Replaces the mm/addmm ``node`` by ``op`` (default ``fusegraph.gemv``) on x's unflattened source where the
+    result's one user restores it, the weight as [N, K] and the bias."""
+    op = torch.ops.fusegraph.gemv.default if op is None else op
     graph = node.graph
     x, restore = _unflattened(node, x)
     with graph.inserting_before(node):
@@ -92,14 +95,14 @@ def _replace(node, x, w, bias):
             weight = graph.call_function(aten.permute.default, (w, [1, 0]))
             weight.meta["val"] = _val(w).permute(1, 0)
             weight.meta.update({k: node.meta[k] for k in ("stack_trace",) if k in node.meta})
-        new = graph.call_function(torch.ops.fusegraph.gemv.default, (x, weight) + ((bias,) if bias is not None else ()))
+        new = graph.call_function(op, (x, weight) + ((bias,) if bias is not None else ()))
     from torch._subclasses.fake_tensor import FakeTensor
 
     wv = _val(weight)
     if isinstance(wv, FakeTensor):
         with wv.fake_mode:
             args = [_val(x), wv] + ([_val(bias)] if bias is not None else [])
-            new.meta["val"] = torch.ops.fusegraph.gemv.default(*args)
+            new.meta["val"] = op(*args)
     else:
         new.meta["val"] = _val(node).new_empty(_val(node).shape)
     for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
@@ -118,9 +121,9 @@ def register(pm, opts) -> None:
     @register_graph_pattern(CallFunction(aten.mm.default, KeywordArg("x"), KeywordArg("w")), extra_check=_check_mm,
                             pass_dict=pm)
     def _mm(match, x, w):
-        _replace(match.output_node(), x, w, None)
+        replace(match.output_node(), x, w, None)
 
     @register_graph_pattern(CallFunction(aten.addmm.default, KeywordArg("b"), KeywordArg("x"), KeywordArg("w")),
                             extra_check=_check_addmm, pass_dict=pm)
     def _addmm(match, b, x, w):
-        _replace(match.output_node(), x, w, b)
+        replace(match.output_node(), x, w, b)

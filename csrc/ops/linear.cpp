@@ -1,0 +1,76 @@
+// fusegraph.linear: F.linear(x, weight, bias) through oneDNN's matmul on the plain (unpacked) weight.
+//
+// Why: ATen's CPU addmm runs float32 through the BLAS torch was built with (MKL's sgemm), which on some CPUs is
+// far from what the hardware does: on this project's AMD Zen 5 (AVX-512) MKL takes a code path 2.1-2.4x slower
+// than oneDNN's brgemm matmul on the same weight (docs/BENCHMARKS.md, "GEMM kernels"). oneDNN is already in
+// every CPU build of torch (the `mkldnn` operators Inductor's freezing uses); its `_linear_pointwise` accepts the
+// module's own [N, K] weight, so no packed copy is made and an in-place weight edit is read by the next call.
+// The fusion pass decides where this op is used (fusegraph/fusion/patterns/linear.py); the op itself runs
+// anywhere: float32 CPU tensors through oneDNN when torch has it, everything else through at::linear.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <string_view>
+
+#include "ops/checks.h"
+#include "ops/gemv.h"
+#include "ops/output.h"
+
+namespace fusegraph {
+
+namespace {
+
+constexpr const char* kOp = "linear";
+
+using LinearPointwise = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                                   std::string_view, c10::List<std::optional<at::Scalar>>,
+                                   std::optional<std::string_view>);
+
+// oneDNN's linear (mkldnn::_linear_pointwise), or nullopt in a torch built without oneDNN. Looked up once.
+const std::optional<c10::TypedOperatorHandle<LinearPointwise>>& onednn_linear() {
+  static const std::optional<c10::TypedOperatorHandle<LinearPointwise>> handle =
+      []() -> std::optional<c10::TypedOperatorHandle<LinearPointwise>> {
+    if (!at::hasMKLDNN()) return std::nullopt;
+    auto op = c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""});
+    if (!op.has_value()) return std::nullopt;
+    return op->typed<LinearPointwise>();
+  }();
+  return handle;
+}
+
+at::Tensor linear_reference(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  check_gemv_args(x, weight, bias, kOp);
+  at::Tensor out = new_output(linear_out_sizes(x, weight), x.options());
+  if (out.numel() == 0) return out;
+  return out.copy_(at::linear(x, weight, bias));
+}
+
+at::Tensor linear_cpu(const at::Tensor& x_in, const at::Tensor& w_in, const std::optional<at::Tensor>& bias_in) {
+  check_gemv_args(x_in, w_in, bias_in, kOp);
+  const auto& onednn = onednn_linear();
+  const std::vector<int64_t> sizes = linear_out_sizes(x_in, w_in);
+  if (x_in.scalar_type() != at::kFloat || !onednn.has_value() || x_in.numel() == 0 || x_in.size(-1) == 0 ||
+      w_in.size(0) == 0) {
+    return linear_reference(x_in, w_in, bias_in);
+  }
+  // oneDNN writes a fresh contiguous [M, N] (its own allocation: nothing here to poison) from x as contiguous
+  // rows [M, K] and the weight's contiguous [N, K].
+  const at::Tensor x = x_in.reshape({-1, x_in.size(-1)}).contiguous();
+  const at::Tensor w = w_in.contiguous();
+  std::optional<at::Tensor> bias;
+  if (bias_in.has_value() && bias_in->defined()) bias = bias_in->contiguous();
+  at::Tensor out = onednn->call(x, w, bias, "none", c10::List<std::optional<at::Scalar>>(), std::string_view(""));
+  return out.view(sizes);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fusegraph, CPU, m) { m.impl("linear", &linear_cpu); }
+
+// Every other device (CUDA, NPU): at::linear (cuBLAS / the device's own GEMM); the fusion pass only uses the op on
+// CPU sites.
+TORCH_LIBRARY_IMPL(fusegraph, CompositeExplicitAutograd, m) { m.impl("linear", &linear_reference); }
+
+}  // namespace fusegraph

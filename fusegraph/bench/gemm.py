@@ -1,0 +1,88 @@
+"""``python -m fusegraph bench gemm``: a linear layer's two CPU kernels side by side, at sizes from tiny to
+FLUX.1's: ``aten::addmm`` (what every torch variant calls: MKL's sgemm in float32, oneDNN in bf16/fp16) against
+``fusegraph.linear`` (oneDNN's matmul on the plain weight), interleaved, medians of warm runs.
+
+It is the evidence behind the linear family's machine rule (``fusegraph.fusion.patterns.linear``): the last
+columns say what the fusion pass does with each size on this machine ("linear": routed to oneDNN; "gemv": the
+few-row kernel; "addmm": left alone) and whether that is the faster kernel here. A user on a CPU the rule has not
+seen runs this to check it (``enable_linear=True`` / ``False`` override it).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+from fusegraph.bench import timing
+
+# (rows, in, out): a tiny model's projection, decode rows, the pass's smallest site, Wan 2.1 1.3B's and FLUX.1's
+SHAPES = [(8, 128, 128), (64, 64, 128), (64, 128, 512), (300, 32, 128), (9, 512, 256), (320, 128, 512),
+          (4, 3072, 3072), (64, 3072, 3072), (1024, 1536, 1536), (320, 3072, 3072), (320, 3072, 12288),
+          (320, 12288, 3072)]
+QUICK = [(64, 128, 512), (320, 128, 512), (320, 1536, 1536)]
+
+
+def _route(m, k, n, dtype) -> str:
+    """What the fusion pass (default config) makes of this linear on this machine."""
+    from fusegraph.config import FusionPatterns
+    from fusegraph.fusion.patterns import gemv, linear
+
+    if dtype == torch.float32 and m > gemv.MAX_ROWS and m * k * n >= linear.MIN_MACS \
+            and linear.uses_onednn(FusionPatterns().enable_linear):
+        return "linear"
+    if m <= gemv.MAX_ROWS and n * k >= gemv.MIN_WEIGHT:
+        return "gemv"
+    return "addmm"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m fusegraph bench gemm", description=__doc__.split("\n\n")[0])
+    p.add_argument("--dtype", default="fp32,bf16", help="comma list of fp32, bf16, fp16 (default fp32,bf16)")
+    p.add_argument("--quick", action="store_true", help="three shapes, few reps (a smoke run)")
+    p.add_argument("--reps", type=int, default=None, help="timed runs per kernel (default: ~1 s of work, 5-200)")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads(N) before timing")
+    p.add_argument("--json", default=None, metavar="PATH", help="write every number (+ machine, date) here")
+    args = p.parse_args(argv)
+    timing.setup_device("cpu", args.threads)
+    dtypes = timing.parse_dtypes(args.dtype)
+    from fusegraph.fusion.patterns import linear
+
+    rule, why = linear.machine_rule()
+    print(timing.machine_summary("cpu"))
+    print(f"threads {torch.get_num_threads()}; linear family rule: {'oneDNN' if rule else 'addmm'} ({why})")
+    rows, records = [], []
+    torch.manual_seed(0)
+    for dtype in dtypes:
+        for m, k, n in (QUICK if args.quick else SHAPES):
+            x = torch.randn(m, k, dtype=dtype)
+            w = torch.randn(n, k, dtype=dtype) * k ** -0.5
+            b = torch.randn(n, dtype=dtype)
+            reps = args.reps or (3 if args.quick else max(5, min(200, int(1e9 / (2 * m * k * n)))))
+            fns = {"addmm": lambda: torch.addmm(b, x, w.t()),
+                   "onednn": lambda: torch.ops.fusegraph.linear(x, w, b)}
+            times = timing.interleaved_seconds(fns, warmup=2, reps=reps)
+            med = {name: statistics.median(t) for name, t in times.items()}
+            ref = F.linear(x.double(), w.double(), b.double())
+            err = {name: (fn().double() - ref).abs().max().item() for name, fn in fns.items()}
+            route = _route(m, k, n, dtype)
+            ratio = med["addmm"] / med["onednn"]
+            faster = "onednn" if ratio > 1 else "addmm"
+            chosen = {"linear": "onednn", "addmm": "addmm"}.get(route)
+            verdict = "-" if chosen is None else ("yes" if chosen == faster or abs(ratio - 1) < 0.05 else "NO")
+            gflops = 2 * m * k * n / 1e9
+            rows.append([str(dtype).replace("torch.", ""), f"{m}x{k}x{n}", timing.fmt_time(med["addmm"]),
+                         timing.fmt_time(med["onednn"]), f"{ratio:.2f}x", f"{gflops / med['onednn']:.1f}",
+                         f"{err['addmm']:.1e} / {err['onednn']:.1e}", route, verdict])
+            records.append({"dtype": str(dtype), "m": m, "k": k, "n": n, "reps": reps, "times_s": times,
+                            "median_s": med, "max_err_vs_float64": err, "route": route, "ratio": ratio})
+    print(timing.format_table(["dtype", "M x K x N", "addmm", "fusegraph.linear", "addmm/linear", "GFLOP/s linear",
+                               "max err vs f64 (addmm / linear)", "pass routes to", "faster chosen"], rows))
+    if args.json:
+        timing.write_json(args.json, {**timing.run_facts("cpu"), "rule": [rule, why], "results": records})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
