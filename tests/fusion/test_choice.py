@@ -283,3 +283,37 @@ def test_graph_ops_survive_an_inductor_cache_hit(table):
     assert first.last_graph_ops["fusegraph.gelu_tanh.default"] == 1
     assert second.last_graph_ops == first.last_graph_ops
     assert second.stats.lowered == first.stats.lowered
+
+
+def test_a_graph_with_every_site_lowered_reaches_inductor_as_it_came(monkeypatch):
+    """No fused op left after the choice: Inductor compiles the graph the pass was given, node for node, not the
+    fusion's lowered and prepared form; where one fused op stays, the fused graph goes on."""
+    from fusegraph.fusion import inductor_pass
+
+    seen = []
+    call = inductor_pass.FusionPass.__call__
+
+    def spy(self, graph, is_inference=True):
+        before = str(graph)
+        call(self, graph, is_inference)
+        seen.append((before, str(graph)))
+
+    monkeypatch.setattr(inductor_pass.FusionPass, "__call__", spy)
+    lower_all = {f: {"float32": [[0, 0.5], [30, 0.5]]} for f in fusegraph.stats.PATTERN_NAMES}
+    monkeypatch.setattr(choice, "_model", CostModel({"cpu": {"1": lower_all}}, "lowers every site"))
+    model, x = _Block(64).eval(), torch.randn(3, 64)
+    backend, out = _compile(model, x)
+    assert backend.stats.patterns["rms_norm"] == 1 and sum(backend.stats.lowered.values()) == 3
+    assert not any(k.startswith("fusegraph.") for k in backend.last_graph_ops)
+    assert len(seen) == 1 and seen[0][0] == seen[0][1]
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x))
+
+    keep_gelu = dict(lower_all, gelu={"float32": [[0, 3.0], [30, 3.0]]})
+    monkeypatch.setattr(choice, "_model", CostModel({"cpu": {"1": keep_gelu}}, "keeps gelu"))
+    seen.clear()
+    backend, out = _compile(model, x)
+    assert backend.last_graph_ops["fusegraph.gelu_tanh.default"] == 1
+    assert seen[0][0] != seen[0][1]
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x))
