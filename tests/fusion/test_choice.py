@@ -299,6 +299,7 @@ def test_a_graph_with_every_site_lowered_reaches_inductor_as_it_came(monkeypatch
         seen.append((before, str(graph)))
 
     monkeypatch.setattr(inductor_pass.FusionPass, "__call__", spy)
+    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)  # the pass must run, not a cached graph
     lower_all = {f: {"float32": [[0, 0.5], [30, 0.5]]} for f in fusegraph.stats.PATTERN_NAMES}
     monkeypatch.setattr(choice, "_model", CostModel({"cpu": {"1": lower_all}}, "lowers every site"))
     model, x = _Block(64).eval(), torch.randn(3, 64)

@@ -545,3 +545,12 @@ def test_kv_attention_and_gemv_on_cuda(dtype):
     out = ops.gemv(x, w, b)
     assert out.device.type == CUDA
     assert_close_to_reference(out.cpu(), F.linear(x.double(), w.double(), b.double()).cpu())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_on_cuda(dtype):
+    """fusegraph.linear on CUDA is at::linear (cuBLAS): same math, a CUDA result."""
+    x, w, b = crandn(2, 19, 70, dtype=dtype), crandn(37, 70, dtype=dtype, scale=0.1), crandn(37, dtype=dtype)
+    out = ops.linear(x, w, b)
+    assert out.device.type == CUDA and out.shape == (2, 19, 37) and out.is_contiguous()
+    torch.testing.assert_close(out, F.linear(x, w, b))
