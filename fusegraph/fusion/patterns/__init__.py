@@ -42,8 +42,7 @@ FAMILIES: tuple = (
     Family("mul_add", "enable_mul_add", mul_add, listed=4),
     Family("kv_attention", "enable_kv_attention", kv_attention, listed=7),
     Family("gemv", "enable_gemv", gemv, listed=8),
-    Family("linear", "enable_linear", linear, options=("enable_linear",), listed=9,
-           active=linear.uses_onednn),
+    Family("linear", "enable_linear", linear, listed=9, active=linear.uses_onednn),
 )
 
 FAMILY_NAMES: tuple = tuple(f.name for f in FAMILIES)  # pass order
