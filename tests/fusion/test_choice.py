@@ -299,11 +299,11 @@ def test_a_graph_with_every_site_lowered_reaches_inductor_as_it_came(monkeypatch
         seen.append((before, str(graph)))
 
     monkeypatch.setattr(inductor_pass.FusionPass, "__call__", spy)
-    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)  # the pass must run, not a cached graph
     lower_all = {f: {"float32": [[0, 0.5], [30, 0.5]]} for f in fusegraph.stats.PATTERN_NAMES}
     monkeypatch.setattr(choice, "_model", CostModel({"cpu": {"1": lower_all}}, "lowers every site"))
     model, x = _Block(64).eval(), torch.randn(3, 64)
-    backend, out = _compile(model, x)
+    with torch._inductor.config.patch(fx_graph_cache=False):  # the pass must run, not a cached graph
+        backend, out = _compile(model, x)
     assert backend.stats.patterns["rms_norm"] == 1 and sum(backend.stats.lowered.values()) == 3
     assert not any(k.startswith("fusegraph.") for k in backend.last_graph_ops)
     assert len(seen) == 1 and seen[0][0] == seen[0][1]
@@ -313,7 +313,8 @@ def test_a_graph_with_every_site_lowered_reaches_inductor_as_it_came(monkeypatch
     keep_gelu = dict(lower_all, gelu={"float32": [[0, 3.0], [30, 3.0]]})
     monkeypatch.setattr(choice, "_model", CostModel({"cpu": {"1": keep_gelu}}, "keeps gelu"))
     seen.clear()
-    backend, out = _compile(model, x)
+    with torch._inductor.config.patch(fx_graph_cache=False):
+        backend, out = _compile(model, x)
     assert backend.last_graph_ops["fusegraph.gelu_tanh.default"] == 1
     assert seen[0][0] != seen[0][1]
     with torch.no_grad():
