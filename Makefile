@@ -11,7 +11,7 @@ JOBS ?= 2
 PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -n $(JOBS)
 DEPS_STAMP := $(VENV)/.fusegraph-deps
 
-.PHONY: all demo test test-zoo build venv system-deps cpp-test pytest bench wheel wheel-check device-wheels clean
+.PHONY: all demo test test-zoo test-pipelines build venv system-deps cpp-test pytest bench wheel wheel-check device-wheels clean
 
 all: build
 
@@ -59,6 +59,10 @@ test: cpp-test wheel-check
 # The full model zoo (tests/zoo): every diffusers transformer class on every route; `make test` runs its fast tier.
 test-zoo: build
 	FUSEGRAPH_ZOO=full $(PYTEST) tests/zoo
+
+# Whole diffusers pipelines (tests/pipelines): Flux, SD3 and Wan on every route; `make test` runs its fast tier.
+test-pipelines: build
+	FUSEGRAPH_PIPELINES=full $(PYTEST) tests/pipelines
 
 demo: build
 	$(PY) -m fusegraph demo

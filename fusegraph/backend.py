@@ -74,15 +74,14 @@ class _CompileJob:
         self.ops: collections.Counter = collections.Counter()  # op name -> count in the graph handed on
         self.params: list = []  # the parameters this compile freezes
 
-    def fuse(self, graph_or_gm) -> None:
+    def fuse(self, graph_or_gm, reshape_views: bool = False) -> None:
         verify_inputs = None
         if self.backend.config.verify:
             verify_inputs, why = passes.verify_inputs_for(graph_or_gm, self.real_inputs)
             if why:
                 self.note_fallback(why)
         counts = passes.fuse_graph(graph_or_gm, self.backend.config, stats=self.backend.stats if self.count else None,
-                                   graph_log=self.glog,
-                                   verify_inputs=verify_inputs)
+                                   graph_log=self.glog, verify_inputs=verify_inputs, reshape_views=reshape_views)
         if self.counts is None:
             self.counts = counts
         else:
@@ -304,7 +303,7 @@ class Backend:
 
         def compile_inference(aot_gm, aot_inputs):
             if fuse:
-                job.fuse(aot_gm)
+                job.fuse(aot_gm, reshape_views=True)  # the graph runs as is: no view traced on eager's strides
             else:
                 job.record_ops(aot_gm)
             graph, keep = aot_gm, None

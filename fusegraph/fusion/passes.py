@@ -137,6 +137,21 @@ def remove_redundant_nodes(graph: torch.fx.Graph) -> int:
     return before - len(graph.nodes)
 
 
+def views_to_reshapes(graph: torch.fx.Graph) -> int:
+    """Every ``aten.view`` of ``graph`` made an ``aten.reshape`` (a view where the strides allow one, else a copy);
+    returns how many. A fused op writes a dense row-major result where eager's ops kept their input's layout (an
+    RMSNorm of a transposed [B, H, S, D] view), and ops downstream may follow that layout (SDPA's output
+    follows its query's): a view traced on eager's strides, such as attention's closing
+    ``transpose(1, 2).reshape(B, S, H * D)``, may no longer apply to the tensor the fused graph has there.
+    Inductor does the same after its own layout changes (freezing, layout optimisation:
+    ``torch._inductor.fx_passes.post_grad.view_to_reshape``); its codegen copies where needed, an aten graph run
+    as is raises."""
+    views = graph.find_nodes(op="call_function", target=torch.ops.aten.view.default)
+    for node in views:
+        node.target = torch.ops.aten.reshape.default
+    return len(views)
+
+
 _SPLITS = (torch.ops.aten.split.Tensor, torch.ops.aten.split_with_sizes.default, torch.ops.aten.chunk.default)
 
 
@@ -460,7 +475,7 @@ class _Verifier:
         counts, sites = dict.fromkeys(FAMILY_NAMES, 0), {}
         if opts is not None:
             before = set(graph.nodes)
-            counts = fuse_graph(gm, opts, redundant=self.redundant, only_families=families)
+            counts = fuse_graph(gm, opts, redundant=self.redundant, only_families=families, reshape_views=True)
             for node in graph.nodes:
                 if node not in before and node.meta.get("stack_trace"):
                     sites.setdefault(_site(node), None)
@@ -556,7 +571,8 @@ def _run(name, fn, graph, glog, observer=None):
 
 
 def fuse_graph(gm_or_graph, config=None, *, stats=None, graph_log: Optional[GraphLog] = None,
-               redundant: bool = True, observer=None, verify_inputs=None, only_families=None) -> dict:
+               redundant: bool = True, observer=None, verify_inputs=None, only_families=None,
+               reshape_views: bool = False) -> dict:
     """Runs the redundant-node pass and the enabled pattern families (in ``patterns.FAMILIES``' order) on the
     graph until nothing changes. ``config`` is a CompilationConfig, a FusionPatterns or None (process defaults).
     Returns ``{family: replacements}`` for every family (0 when disabled) and adds it to ``stats.patterns``.
@@ -566,7 +582,9 @@ def fuse_graph(gm_or_graph, config=None, *, stats=None, graph_log: Optional[Grap
     given: fused copies of the graph are first run against the unfused graph on them, and the families that
     change the result are left off for this graph (logged with their sites, counted in ``stats.fallbacks``).
     ``only_families``, when given, further limits the enabled families to those named (verification uses it to
-    leave off one of several families that share a switch)."""
+    leave off one of several families that share a switch). ``reshape_views``: for a graph that runs as is (the
+    aten and graph routes; not Inductor's, whose lowering copies where a view no longer applies), every
+    ``aten.view`` becomes ``aten.reshape`` once a site was fused (``views_to_reshapes``)."""
     opts = _fusion_patterns(config)
     graph = gm_or_graph.graph if isinstance(gm_or_graph, torch.fx.GraphModule) else gm_or_graph
     if verify_inputs is not None:
@@ -593,6 +611,8 @@ def fuse_graph(gm_or_graph, config=None, *, stats=None, graph_log: Optional[Grap
     else:
         log.warning("fusegraph: fusion did not reach a fixpoint in %d rounds", _MAX_ROUNDS)
     graph.eliminate_dead_code()
+    if reshape_views and any(counts.values()):
+        views_to_reshapes(graph)
     graph.lint()
     if observer is not None:
         observer("fuse_graph", "done", graph)

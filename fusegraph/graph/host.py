@@ -53,7 +53,8 @@ def trace_fused(fn, tensors, fusion_patterns, *, verify=False):
         # fake mode per node)
         mode = torch._subclasses.FakeTensorMode(allow_non_fake_inputs=True)
         FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*[mode.from_tensor(t) for t in tensors])
-    counts = passes.fuse_graph(gm, fusion_patterns, stats=None, verify_inputs=list(tensors) if verify else None)
+    counts = passes.fuse_graph(gm, fusion_patterns, stats=None, verify_inputs=list(tensors) if verify else None,
+                               reshape_views=True)
     return (gm if any(counts.values()) else None), counts, plain
 
 
