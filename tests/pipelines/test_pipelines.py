@@ -20,6 +20,9 @@ ROUTES = {
     "graph_with_compile": (dict(graph_with_compile=True), "whole"),  # + a captured host graph, frozen weights
     "no_freezing": (dict(graph_with_compile=True, enable_freezing=False), "whole"),
     "regional": ({}, "regional"),                                    # compile_repeated_blocks(backend=...)
+    # regional on the graph route: the instances of a block class share one graph, so freezing (which folds
+    # one instance's weights) is turned off — the recipe's advice
+    "regional_graph": (dict(graph_with_compile=True, enable_freezing=False), "regional"),
 }
 FAST = {("flux", "default"), ("flux", "graph_with_compile"), ("sd3", "no_freezing"), ("wan", "regional")}
 CASES = [pytest.param(name, route, marks=() if (name, route) in FAST else pytest.mark.pipelines_full)
@@ -70,8 +73,15 @@ def test_pipeline_equals_eager(name, route):
     first = _counts(backend)
     graph_route = config.get("graph_with_compile", False)
     assert first["graphs_compiled"] == graphs, f"Dynamo handed over {graphs} graphs: {first}"
-    # one capture per graph (a single input signature per graph within a pipeline call); none off the graph routes
-    assert first["graphs_captured"] == (graphs if graph_route else 0), first
+    # off the graph routes no capture; on them one per graph and input signature: exactly one per graph for the
+    # whole transformer (one signature per pipeline call), at least one for blocks (a block class's graph may
+    # meet the instances' inputs in more than one layout)
+    if not graph_route:
+        assert first["graphs_captured"] == 0, first
+    elif form == "whole":
+        assert first["graphs_captured"] == graphs, first
+    else:
+        assert first["graphs_captured"] >= graphs, first
     assert first["fallbacks"] == 0, backend.stats.fallbacks
     replays = backend.stats.replays
 
