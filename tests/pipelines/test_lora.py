@@ -4,10 +4,12 @@ Freezing folds the parameters themselves (aliases, never copies) into the compil
 base weights in place — by hand (``w.data += B @ A * scale``) or by peft's hotswap (``.data.copy_`` of the LoRA
 factors) — is read by the next call with no compile of any kind. Workflows that change the module structure
 (adding, activating, fusing, deleting adapters) make Dynamo re-compile; their results are asserted and what each
-step costs is printed (``pytest -s``).
+step costs is printed (``pytest -s``); docs/RECIPES.md §3 tabulates them. The fast tier (``make test``) runs the
+in-place steps on the frozen graph route and the adapter workflow on the default route; ``make test-pipelines``
+every route.
 
-Every check calls the compiled model and the same model eagerly, at that moment, on fresh random inputs, twice (the
-default route's first calls alternate between fusegraph's and plain Inductor's compile). The LoRA factors are
+Every check calls the compiled model and the same model eagerly, at that moment, on fresh random inputs, twice (a
+first call after the step and a later one). The LoRA factors are
 randomized (peft initialises B to zero, which would make every check pass trivially), and each step asserts that
 the model's output really changed.
 
@@ -156,7 +158,12 @@ def _random_factors(model, seed, rank=RANK, alpha=RANK):
             for name, lin in _projections(model).items()}
 
 
-@pytest.mark.parametrize("route", list(ROUTES))
+def _tiered(routes, fast):
+    """``routes`` as parameters, all but ``fast`` in the full tier (``make test-pipelines``)."""
+    return [pytest.param(r, marks=() if r == fast else pytest.mark.pipelines_full) for r in routes]
+
+
+@pytest.mark.parametrize("route", _tiered(ROUTES, fast="graph_with_compile"))
 def test_hand_merged_lora_is_read_without_a_recompile(route):
     """Step 5: a LoRA merged by hand into the base weights (``lin.weight.data += B @ A * scale``), another one on
     top, and the undo of both (``-=``): each read by the next call, with no compile of any kind (no Dynamo
@@ -181,7 +188,7 @@ def test_hand_merged_lora_is_read_without_a_recompile(route):
         f"an in-place LoRA merge was re-compiled: (graphs, frozen, captured) {compiled_before} -> {c.counters()}"
 
 
-@pytest.mark.parametrize("route", list(ROUTES))
+@pytest.mark.parametrize("route", _tiered(ROUTES, fast="graph_with_compile"))
 def test_lora_hotswap_is_read_without_a_recompile(route):
     """Step 6: ``enable_lora_hotswap(target_rank=8)`` before the first adapter, adapter "a" loaded from a state dict,
     compiled; then another state dict hot-swapped into "a" (peft copies it into the padded LoRA factors in place),
@@ -210,7 +217,7 @@ def test_lora_hotswap_is_read_without_a_recompile(route):
         f"a LoRA hotswap was re-compiled: (graphs, frozen, captured) {compiled_before} -> {c.counters()}"
 
 
-@pytest.mark.parametrize("route", ["default", "aten"])
+@pytest.mark.parametrize("route", _tiered(["default", "aten"], fast="default"))
 def test_lora_adapter_workflow(route):
     """Steps 1-4 on one compiled model: an adapter added after the first compiled call (``add_adapter``), a second
     one loaded from a state dict (``load_lora_adapter``), both weighted (``set_adapters``), one alone,
