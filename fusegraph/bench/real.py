@@ -194,7 +194,13 @@ def _openvino(model, inputs: dict, dtype, threads: int):
     def run(**kw):
         args = [kw[k].float() if kw[k].is_floating_point() else kw[k] for k in names]
         if "compiled" not in state:
-            ov_model = ov.convert_model(Positional().eval(), example_input=tuple(args))
+            try:
+                ov_model = ov.convert_model(Positional().eval(), example_input=tuple(args))
+            except Exception as e:  # TorchScript tracing fails on some models (HunyuanVideo: aten::masked_fill
+                # with a bool value, torch 2.13): OpenVINO's other PyTorch front end, from torch.export
+                print(f"openvino: TorchScript conversion failed ({type(e).__name__}); converting via torch.export",
+                      file=sys.stderr)
+                ov_model = ov.convert_model(torch.export.export(Positional().eval(), tuple(args)))
             config = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1,
                       "INFERENCE_PRECISION_HINT": "bf16" if dtype == torch.bfloat16 else "f32"}
             state["compiled"] = ov.compile_model(ov_model, "CPU", config)
