@@ -5,7 +5,7 @@ base weights in place — by hand (``w.data += B @ A * scale``) or by peft's hot
 factors) — is read by the next call with no compile of any kind. Workflows that change the module structure
 (adding, activating, fusing, deleting adapters) make Dynamo re-compile; their results are asserted and what each
 step costs is printed (``pytest -s``); docs/RECIPES.md §3 tabulates them. The fast tier (``make test``) runs the
-in-place steps on the frozen graph route and the adapter workflow on the default route; ``make test-pipelines``
+in-place steps on the frozen graph route and the safe fuse; ``make test-pipelines`` the adapter workflow and
 every route.
 
 Every check calls the compiled model and the same model eagerly, at that moment, on fresh random inputs, twice (a
@@ -217,7 +217,7 @@ def test_lora_hotswap_is_read_without_a_recompile(route):
         f"a LoRA hotswap was re-compiled: (graphs, frozen, captured) {compiled_before} -> {c.counters()}"
 
 
-@pytest.mark.parametrize("route", _tiered(["default", "aten"], fast="default"))
+@pytest.mark.parametrize("route", _tiered(["default", "aten"], fast=None))
 def test_lora_adapter_workflow(route):
     """Steps 1-4 on one compiled model: an adapter added after the first compiled call (``add_adapter``), a second
     one loaded from a state dict (``load_lora_adapter``), both weighted (``set_adapters``), one alone,
