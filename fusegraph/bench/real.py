@@ -1,5 +1,5 @@
 """``python -m fusegraph bench real [--model flux|sd35|wan|hunyuan_video|ltx|qwenimage] [--dtype fp32|bf16]
-[--tokens IMG,TXT] [--layers N] [--variants A;B;...] [--reps N] [--threads N] [--json PATH]``
+[--tokens IMG,TXT] [--layers N] [--variants A;B;...] [--reps N] [--threads N] [--interleave ROUNDS [--interleave-only]] [--json PATH]``
 
 Diffusion transformers at the widths users run: the published configs of FLUX.1-dev, Stable Diffusion 3.5 Large,
 Wan 2.1 1.3B, HunyuanVideo, LTX-Video and Qwen-Image (hidden size, heads x head dim, FFN, text dim, as their
@@ -12,7 +12,11 @@ Each variant runs in a process of its own (resident memory is a process's) on an
 filled): the model and inputs are built, the
 resident set read, the first call made (compile time, cold caches), two warm-up calls made, the
 timed calls made, the resident set read again (the difference is what the compiled function holds), and the max
-|diff| against eager taken in the same process. Variants:
+|diff| against eager taken in the same process. The processes run one after another, so a change of the machine's
+load between them shows as a difference between rows; ``--interleave ROUNDS`` adds one more process holding every
+variant that ran, compiled and warmed, and times them in ROUNDS rounds of one call each, the order rotated every
+round (speeds only: a second table, and ``"interleaved"`` in the JSON; ``--interleave-only``: that table alone).
+Variants:
 
 - ``eager``; ``inductor`` (plain ``torch.compile``); ``inductor_tuned`` (``freezing`` + ``cpp_wrapper``, what a
   tuned CPU user sets);
@@ -170,15 +174,18 @@ def build_flux_real(dtype, img_tokens: int, txt_tokens: int):
 
 # --- OpenVINO ---------------------------------------------------------------------------------------------------
 
-def _openvino(model, inputs: dict, dtype, threads: int):
+def _openvino(model, inputs: dict, dtype, threads: int, copy_model: bool = False):
     """A callable running ``model`` through OpenVINO's CPU runtime (converted on the first call, which is what its
-    first-call time includes), taking the same kwargs and returning (torch tensor,)."""
+    first-call time includes), taking the same kwargs and returning (torch tensor,). A bf16 model is converted in
+    fp32: in place, or on a copy with ``copy_model`` (where other variants share the model)."""
+    import copy
+
     import openvino as ov
     import torch
 
     names = [k for k, v in inputs.items() if isinstance(v, torch.Tensor)]
     static = {k: v for k, v in inputs.items() if not isinstance(v, torch.Tensor)}
-    fp32 = model.float() if dtype != torch.float32 else model
+    fp32 = (copy.deepcopy(model) if copy_model else model).float() if dtype != torch.float32 else model
 
     class Positional(torch.nn.Module):  # convert_model traces positional tensors; the rest are constants
         def __init__(self):
@@ -210,6 +217,26 @@ def _openvino(model, inputs: dict, dtype, threads: int):
     return run
 
 
+def _make_fn(model, inputs: dict, dtype, variant: str, threads: int, shared: bool = False):
+    """The callable ``variant`` runs ``model`` with (compiled on its first call); ``shared``: other variants use
+    ``model`` too (OpenVINO's bf16 row then converts a copy)."""
+    import torch
+
+    if variant == "eager":
+        return model
+    if variant == "inductor":
+        return torch.compile(model)
+    if variant == "inductor_tuned":
+        return torch.compile(model, options={"freezing": True, "cpp_wrapper": True})
+    if variant == "openvino":
+        return _openvino(model, inputs, dtype, threads, copy_model=shared)
+    if variant.split(":")[0] == "fusegraph":
+        from fusegraph import Backend, CompilationConfig
+
+        return torch.compile(model, backend=Backend(CompilationConfig(**_overrides(variant.partition(":")[2]))))
+    raise SystemExit(f"bench real: argument --variants: unknown variant {variant!r}")
+
+
 def run_variant(model_name: str, variant: str, dtype_name: str, img_tokens: int, txt_tokens: int, layers: int,
                 reps: int, threads: int) -> dict:
     """One variant, in this process: the row's figures."""
@@ -222,20 +249,7 @@ def run_variant(model_name: str, variant: str, dtype_name: str, img_tokens: int,
     with torch.no_grad():
         ref = model(**inputs)[0]  # eager's output first: the OpenVINO variant converts the model to fp32
         rss0 = _rss_mib()
-        if variant == "eager":
-            fn = model
-        elif variant == "inductor":
-            fn = torch.compile(model)
-        elif variant == "inductor_tuned":
-            fn = torch.compile(model, options={"freezing": True, "cpp_wrapper": True})
-        elif variant == "openvino":
-            fn = _openvino(model, inputs, dtype, threads)
-        elif variant.split(":")[0] == "fusegraph":
-            from fusegraph import Backend, CompilationConfig
-
-            fn = torch.compile(model, backend=Backend(CompilationConfig(**_overrides(variant.partition(":")[2]))))
-        else:
-            raise SystemExit(f"bench real: argument --variants: unknown variant {variant!r}")
+        fn = _make_fn(model, inputs, dtype, variant, threads)
         t0 = time.perf_counter()
         out = fn(**inputs)[0]
         first = time.perf_counter() - t0
@@ -252,6 +266,36 @@ def run_variant(model_name: str, variant: str, dtype_name: str, img_tokens: int,
             "max_diff": float((out.float() - ref.float()).abs().max()), "ref_max": float(ref.float().abs().max())}
 
 
+def run_interleaved(model_name: str, variants: list, dtype_name: str, img_tokens: int, txt_tokens: int,
+                    layers: int, rounds: int, threads: int) -> dict:
+    """Every variant in this one process, on one model: each compiled and warmed (first call + 2), then ``rounds``
+    rounds calling each once, the order rotated by one every round, so that a change of the machine's load hits
+    every variant alike. ``{"order": [[variant, ...] per round], "times_s": {variant: [s per round]},
+    "median_s": {variant: s}}``. OpenVINO's converted copy of the weights stays resident beside the model."""
+    import torch
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
+    model, inputs, _ = build(model_name, dtype, img_tokens, txt_tokens, layers)
+    fns = {}
+    with torch.no_grad():
+        for variant in variants:
+            fn = _make_fn(model, inputs, dtype, variant, threads, shared=True)
+            for _ in range(3):
+                fn(**inputs)
+            fns[variant] = fn
+        times = {v: [] for v in variants}
+        orders = []
+        for r in range(rounds):
+            k = r % len(variants)
+            order = variants[k:] + variants[:k]
+            orders.append(order)
+            for variant in order:
+                t0 = time.perf_counter()
+                fns[variant](**inputs)
+                times[variant].append(time.perf_counter() - t0)
+    return {"order": orders, "times_s": times, "median_s": {v: statistics.median(t) for v, t in times.items()}}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m fusegraph bench real", description=__doc__.split("\n\n")[1])
     p.add_argument("--model", choices=sorted(MODELS), default="flux")
@@ -264,7 +308,13 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--warm", action="store_true",
                    help="also time the first call of a second process on the same cache (warm-cache compile)")
+    p.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
+                   help="also time every variant in one process, ROUNDS rotating rounds (speed only; the "
+                        "per-process rows keep first call and memory)")
+    p.add_argument("--interleave-only", action="store_true",
+                   help="with --interleave: only the one-process table (no per-process rows)")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a single variant, in this process
+    p.add_argument("--together", action="store_true", help=argparse.SUPPRESS)  # --interleave's process
     args = p.parse_args(argv)
     try:
         img, txt = (int(v) for v in args.tokens.split(","))
@@ -272,6 +322,10 @@ def main(argv=None) -> int:
         p.error(f"argument --tokens: expected IMG,TXT (two integers), got {args.tokens!r}")
     if min(img, txt) < 1 or args.layers < 1 or args.reps < 1 or args.threads < 1:
         p.error("argument --tokens/--layers/--reps/--threads: expected positive integers")
+    if args.interleave < 0 or args.interleave == 1:
+        p.error(f"argument --interleave: expected 0 (off) or at least 2 rounds, got {args.interleave}")
+    if args.interleave_only and not args.interleave:
+        p.error("argument --interleave-only: needs --interleave ROUNDS")
     import torch
 
     torch.set_num_threads(args.threads)
@@ -279,17 +333,23 @@ def main(argv=None) -> int:
         print(json.dumps(run_variant(args.model, args.one, args.dtype, img, txt, args.layers, args.reps,
                                      args.threads)))
         return 0
+    variants = [v for v in args.variants.split(";") if v]
+    if args.together:
+        print(json.dumps(run_interleaved(args.model, variants, args.dtype, img, txt, args.layers,
+                                         args.interleave, args.threads)))
+        return 0
     from .timing import machine_summary
 
-    variants = [v for v in args.variants.split(";") if v]
     summary = MODELS[args.model](args.layers, img, txt, torch.Generator())[3]
     print(f"{summary}; blocks x{args.layers}, {img}+{txt} tokens, {args.dtype}; {machine_summary()}")
-    print(f"{'variant':40s} {'weights':>9s} {'resident +':>11s} {'% of w':>7s} {'first call':>11s} "
-          f"{'median':>10s} {'vs inductor':>12s} {'max|diff|':>10s} {'/ max|out|':>10s}")
+    if not args.interleave_only:
+        print(f"{'variant':40s} {'weights':>9s} {'resident +':>11s} {'% of w':>7s} {'first call':>11s} "
+              f"{'median':>10s} {'vs inductor':>12s} {'max|diff|':>10s} {'/ max|out|':>10s}")
     rows = []
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     import shutil
     import tempfile
+    ran = []
     for variant in variants:
         if variant == "openvino":
             try:
@@ -297,6 +357,9 @@ def main(argv=None) -> int:
             except ImportError:
                 print(f"{variant:40s} not installed (optional: pip install openvino)")
                 continue
+        if args.interleave_only:
+            ran.append(variant)
+            continue
         cmd = [sys.executable, "-m", "fusegraph", "bench", "real", "--one", variant, "--model", args.model,
                "--dtype", args.dtype, "--tokens", args.tokens, "--layers", str(args.layers), "--reps",
                str(args.reps), "--threads", str(args.threads)]
@@ -318,6 +381,7 @@ def main(argv=None) -> int:
         finally:
             shutil.rmtree(cache, ignore_errors=True)
         rows.append(row)
+        ran.append(variant)
         base = next((r["median_s"] for r in rows if r["variant"] == "inductor"), None)
         rel = f"{base / row['median_s']:11.3f}x" if base else f"{'':12s}"
         print(f"{variant:40s} {row['weights_mib']:7.0f} M {row['resident_mib']:9.0f} M "
@@ -325,8 +389,46 @@ def main(argv=None) -> int:
               f"{'' if row.get('first_warm_s') is None else format(row['first_warm_s'], '5.1f') + ' s warm  '}"
               f"{row['median_s'] * 1e3:8.0f} ms {rel} {row['max_diff']:10.2e} "
               f"{row['max_diff'] / max(row['ref_max'], 1e-30):10.2e}", flush=True)
+    interleaved = None
+    if args.interleave:  # what failed or is not installed above is left out here too
+        interleaved = _interleave_process(args, ran, env)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": machine_summary(), "model": args.model, "tokens": [img, txt],
-                       "layers": args.layers, "rows": rows}, f, indent=1)
-    return 0 if len(rows) == len(variants) else 1
+                       "layers": args.layers, "rows": rows, "interleaved": interleaved}, f, indent=1)
+    complete = len(ran) == len(variants) if args.interleave_only else len(rows) == len(variants)
+    return 0 if complete and (not args.interleave or interleaved) else 1
+
+
+def _interleave_process(args, variants: list, env: dict):
+    """``--interleave``: every variant timed in one process (``run_interleaved``), printed as a second table."""
+    import shutil
+    import tempfile
+
+    from .timing import machine_summary
+
+    if not variants:
+        return None
+    print(f"interleaved: {', '.join(variants)} in one process, {args.interleave} rounds, order rotated each "
+          f"round; {machine_summary()}")
+    cmd = [sys.executable, "-m", "fusegraph", "bench", "real", "--together", "--variants", ";".join(variants),
+           "--model", args.model, "--dtype", args.dtype, "--tokens", args.tokens, "--layers", str(args.layers),
+           "--interleave", str(args.interleave), "--threads", str(args.threads)]
+    cache = tempfile.mkdtemp(prefix="fusegraph_bench_real_")
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(env, TORCHINDUCTOR_CACHE_DIR=cache))
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        print(f"interleaved: failed: {tail[:200]}")
+        return None
+    result = json.loads(lines[-1])
+    med = result["median_s"]
+    base = med.get("inductor")
+    for v in variants:
+        rel = f"{base / med[v]:11.3f}x" if base else f"{'':12s}"
+        spread = " ".join(f"{t * 1e3:.0f}" for t in result["times_s"][v])
+        print(f"{v:40s} {med[v] * 1e3:8.0f} ms {rel}   per round (ms): {spread}", flush=True)
+    return result

@@ -1,6 +1,7 @@
 """Smoke tests of ``python -m fusegraph bench ops`` and ``python -m fusegraph demo`` at tiny shapes, plus
 checks that their eager baselines are what diffusers really computes."""
 import json
+import time
 
 import pytest
 import torch
@@ -228,6 +229,59 @@ def test_bench_real_builds_published_widths_and_runs_a_variant():
     assert "2048 = 32 x 64" in summary
     row = real.run_variant("ltx", "eager", "bf16", 4, 4, 1, 1, 1)
     assert row["max_diff"] == 0 and row["median_s"] > 0 and row["weights_mib"] > 300  # 2 blocks: 177 M parameters
+
+
+@pytest.mark.parametrize("argv, needle", [(["--interleave", "1"], "got 1"), (["--interleave", "-2"], "got -2"),
+                                          (["--interleave-only"], "needs --interleave")])
+def test_bench_real_interleave_arguments(argv, needle, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli(["bench", "real", *argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and argv[0] in err and needle in err
+
+
+def test_bench_real_interleaved_rotates_the_order_and_times_every_variant(monkeypatch):
+    """run_interleaved: each variant compiled and warmed once (3 calls), then one call per round, the order rotated
+    every round; medians are of each variant's own calls. A tiny model stands in for the published widths."""
+    from fusegraph.bench import real
+
+    model = torch.nn.Linear(8, 8)
+    calls = []
+
+    def make_fn(m, inputs, dtype, variant, threads, shared=False):
+        assert m is model and shared  # every variant runs the one model; OpenVINO converts a copy
+
+        def fn(**kw):
+            calls.append(variant)
+            time.sleep({"a": 0.001, "b": 0.004, "c": 0.002}[variant])
+            return (m(kw["x"]),)
+        return fn
+
+    monkeypatch.setattr(real, "build", lambda *a, **k: (model, {"x": torch.randn(2, 8)}, "tiny"))
+    monkeypatch.setattr(real, "_make_fn", make_fn)
+    res = real.run_interleaved("flux", ["a", "b", "c"], "fp32", 4, 4, 1, 4, 1)
+    assert calls[:9] == ["a"] * 3 + ["b"] * 3 + ["c"] * 3
+    assert res["order"] == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+    assert calls[9:] == [v for order in res["order"] for v in order]
+    assert {v: len(t) for v, t in res["times_s"].items()} == {"a": 4, "b": 4, "c": 4}
+    assert res["median_s"]["a"] < res["median_s"]["c"] < res["median_s"]["b"]
+
+
+def test_bench_real_interleave_prints_a_second_table(tmp_path, capsys):
+    """End to end at LTX-Video widths, 4 + 4 tokens, eager only: the per-process row, then the interleaved
+    process's table, both in the JSON."""
+    out_json = tmp_path / "r.json"
+    assert cli(["bench", "real", "--model", "ltx", "--dtype", "bf16", "--tokens", "4,4", "--variants", "eager",
+                "--reps", "1", "--interleave", "2", "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    assert "interleaved: eager in one process, 2 rounds" in out and "per round (ms):" in out
+    data = json.loads(out_json.read_text())
+    assert [r["variant"] for r in data["rows"]] == ["eager"]
+    assert data["interleaved"]["order"] == [["eager"], ["eager"]] and data["interleaved"]["median_s"]["eager"] > 0
+    assert cli(["bench", "real", "--model", "ltx", "--dtype", "bf16", "--tokens", "4,4", "--variants", "eager",
+                "--interleave", "2", "--interleave-only", "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    assert "interleaved: eager" in out and "resident +" not in out and json.loads(out_json.read_text())["rows"] == []
 
 
 @pytest.mark.parametrize("argv, needle", [(["--models", "nope"], "--models"), (["--modes", "partial"], "--modes"),
