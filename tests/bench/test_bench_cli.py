@@ -1,7 +1,8 @@
 """Smoke tests of ``python -m fusegraph bench ops`` and ``python -m fusegraph demo`` at tiny shapes, plus
 checks that their eager baselines are what diffusers really computes."""
 import json
-import time
+import statistics
+import types
 
 import pytest
 import torch
@@ -241,30 +242,34 @@ def test_bench_real_interleave_arguments(argv, needle, capsys):
 
 
 def test_bench_real_interleaved_rotates_the_order_and_times_every_variant(monkeypatch):
-    """run_interleaved: each variant compiled and warmed once (3 calls), then one call per round, the order rotated
-    every round; medians are of each variant's own calls. A tiny model stands in for the published widths."""
+    """run_interleaved: each variant compiled and warmed once (3 calls; OpenVINO first), then one call per round,
+    the order rotated every round; medians are of each variant's own calls. A tiny model stands in for the published widths."""
     from fusegraph.bench import real
 
     model = torch.nn.Linear(8, 8)
     calls = []
+    clock = [0.0]  # a fake perf_counter each call advances by its variant's cost: no timing on a busy machine
 
     def make_fn(m, inputs, dtype, variant, threads, shared=False):
         assert m is model and shared  # every variant runs the one model; OpenVINO converts a copy
 
         def fn(**kw):
             calls.append(variant)
-            time.sleep({"a": 0.001, "b": 0.004, "c": 0.002}[variant])
+            clock[0] += {"a": 0.001, "b": 0.004, "openvino": 0.002}[variant] * (1 + 0.1 * len(calls) % 3)
             return (m(kw["x"]),)
         return fn
 
+    monkeypatch.setattr(real, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
     monkeypatch.setattr(real, "build", lambda *a, **k: (model, {"x": torch.randn(2, 8)}, "tiny"))
     monkeypatch.setattr(real, "_make_fn", make_fn)
-    res = real.run_interleaved("flux", ["a", "b", "c"], "fp32", 4, 4, 1, 4, 1)
-    assert calls[:9] == ["a"] * 3 + ["b"] * 3 + ["c"] * 3
-    assert res["order"] == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+    res = real.run_interleaved("flux", ["a", "b", "openvino"], "fp32", 4, 4, 1, 4, 1)
+    assert calls[:9] == ["openvino"] * 3 + ["a"] * 3 + ["b"] * 3  # OpenVINO converts before any compile
+    assert res["order"] == [["a", "b", "openvino"], ["b", "openvino", "a"], ["openvino", "a", "b"],
+                            ["a", "b", "openvino"]]
     assert calls[9:] == [v for order in res["order"] for v in order]
-    assert {v: len(t) for v, t in res["times_s"].items()} == {"a": 4, "b": 4, "c": 4}
-    assert res["median_s"]["a"] < res["median_s"]["c"] < res["median_s"]["b"]
+    assert {v: len(t) for v, t in res["times_s"].items()} == {"a": 4, "b": 4, "openvino": 4}
+    assert res["median_s"] == pytest.approx({v: statistics.median(t) for v, t in res["times_s"].items()})
+    assert res["median_s"]["a"] < res["median_s"]["openvino"] < res["median_s"]["b"]
 
 
 def test_bench_real_interleave_prints_a_second_table(tmp_path, capsys):
