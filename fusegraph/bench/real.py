@@ -174,18 +174,18 @@ def build_flux_real(dtype, img_tokens: int, txt_tokens: int):
 
 # --- OpenVINO ---------------------------------------------------------------------------------------------------
 
-def _openvino(model, inputs: dict, dtype, threads: int, copy_model: bool = False):
+def _openvino(model, inputs: dict, dtype, threads: int, restore: bool = False):
     """A callable running ``model`` through OpenVINO's CPU runtime (converted on the first call, which is what its
-    first-call time includes), taking the same kwargs and returning (torch tensor,). A bf16 model is converted in
-    fp32: in place, or on a copy with ``copy_model`` (where other variants share the model)."""
-    import copy
-
+    first-call time includes), taking the same kwargs and returning (torch tensor,). A bf16 model is cast to fp32
+    in place for the conversion, and back to bf16 after it with ``restore`` (where other variants share the
+    model: bf16 -> fp32 -> bf16 is exact). Not on a copy: a copy's caches are empty, and Qwen-Image's RoPE cache,
+    filled on a first call with complex ops, is what OpenVINO cannot convert."""
     import openvino as ov
     import torch
 
     names = [k for k, v in inputs.items() if isinstance(v, torch.Tensor)]
     static = {k: v for k, v in inputs.items() if not isinstance(v, torch.Tensor)}
-    fp32 = (copy.deepcopy(model) if copy_model else model).float() if dtype != torch.float32 else model
+    fp32 = model.float() if dtype != torch.float32 else model
 
     class Positional(torch.nn.Module):  # convert_model traces positional tensors; the rest are constants
         def __init__(self):
@@ -211,6 +211,8 @@ def _openvino(model, inputs: dict, dtype, threads: int, copy_model: bool = False
             config = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1,
                       "INFERENCE_PRECISION_HINT": "bf16" if dtype == torch.bfloat16 else "f32"}
             state["compiled"] = ov.compile_model(ov_model, "CPU", config)
+            if restore and dtype != torch.float32:
+                model.to(dtype)
         result = state["compiled"]([a.numpy() for a in args])
         return (torch.from_numpy(result[0]).to(dtype),)
 
@@ -219,7 +221,7 @@ def _openvino(model, inputs: dict, dtype, threads: int, copy_model: bool = False
 
 def _make_fn(model, inputs: dict, dtype, variant: str, threads: int, shared: bool = False):
     """The callable ``variant`` runs ``model`` with (compiled on its first call); ``shared``: other variants use
-    ``model`` too (OpenVINO's bf16 row then converts a copy)."""
+    ``model`` too (OpenVINO's bf16 row then casts it back to bf16 once converted)."""
     import torch
 
     if variant == "eager":
@@ -229,7 +231,7 @@ def _make_fn(model, inputs: dict, dtype, variant: str, threads: int, shared: boo
     if variant == "inductor_tuned":
         return torch.compile(model, options={"freezing": True, "cpp_wrapper": True})
     if variant == "openvino":
-        return _openvino(model, inputs, dtype, threads, copy_model=shared)
+        return _openvino(model, inputs, dtype, threads, restore=shared)
     if variant.split(":")[0] == "fusegraph":
         from fusegraph import Backend, CompilationConfig
 
@@ -279,8 +281,8 @@ def run_interleaved(model_name: str, variants: list, dtype_name: str, img_tokens
     model, inputs, _ = build(model_name, dtype, img_tokens, txt_tokens, layers)
     fns = {}
     with torch.no_grad():
-        # OpenVINO converts first: its TorchScript trace of Qwen-Image's complex RoPE failed once Dynamo had
-        # compiled the model in the same process (then the torch.export route cannot convert complex ops)
+        model(**inputs)  # an eager call first, as in run_variant: it fills the model's caches (Qwen-Image's RoPE)
+        # OpenVINO converts first, before any compile sees the model it casts to fp32 and back
         for variant in sorted(variants, key=lambda v: v != "openvino"):
             fn = _make_fn(model, inputs, dtype, variant, threads, shared=True)
             for _ in range(3):

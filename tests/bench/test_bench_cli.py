@@ -251,16 +251,16 @@ def test_bench_real_interleaved_rotates_the_order_and_times_every_variant(monkey
     clock = [0.0]  # a fake perf_counter each call advances by its variant's cost: no timing on a busy machine
 
     def make_fn(m, inputs, dtype, variant, threads, shared=False):
-        assert m is model and shared  # every variant runs the one model; OpenVINO converts a copy
+        assert m is model and shared  # every variant runs the one model
 
         def fn(**kw):
             calls.append(variant)
             clock[0] += {"a": 0.001, "b": 0.004, "openvino": 0.002}[variant] * (1 + 0.1 * len(calls) % 3)
-            return (m(kw["x"]),)
+            return (m(kw["input"]),)
         return fn
 
     monkeypatch.setattr(real, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
-    monkeypatch.setattr(real, "build", lambda *a, **k: (model, {"x": torch.randn(2, 8)}, "tiny"))
+    monkeypatch.setattr(real, "build", lambda *a, **k: (model, {"input": torch.randn(2, 8)}, "tiny"))
     monkeypatch.setattr(real, "_make_fn", make_fn)
     res = real.run_interleaved("flux", ["a", "b", "openvino"], "fp32", 4, 4, 1, 4, 1)
     assert calls[:9] == ["openvino"] * 3 + ["a"] * 3 + ["b"] * 3  # OpenVINO converts before any compile
