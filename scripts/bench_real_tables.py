@@ -59,8 +59,8 @@ def _x(a, b):
     return f"{a / b:.2f}×" if a and b else "—"
 
 
-def table(title, runs) -> float:
-    """Prints one table; returns the geometric mean of fusegraph vs Inductor over its models."""
+def table(title, runs) -> list:
+    """Prints one table and the geometric mean of fusegraph vs Inductor over its models; returns the ratios."""
     print(f"**{title}**\n")
     print("| model | eager | Inductor | tuned | **fusegraph** | OpenVINO | fusegraph vs Inductor / tuned / OpenVINO "
           "| first call: Inductor / tuned / fusegraph / OpenVINO | resident +: fusegraph / OpenVINO "
@@ -97,26 +97,17 @@ def table(title, runs) -> float:
     gm = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else float("nan")
     print(f"\nGeometric mean, fusegraph vs Inductor over {len(ratios)} models: **{gm:.2f}×** "
           f"({', '.join(f'{r:.2f}' for r in ratios)}).\n")
-    return gm
+    return ratios
 
 
 def main() -> int:
-    all_ratios = []
+    by_threads = {}
     for title, runs in TABLES:
-        table(title, runs)
-    for threads in (1, 2):
-        for title, runs in TABLES:
-            if title.startswith(f"{threads} thread"):
-                for model, (pp_name, il_name) in runs.items():
-                    il = _load(il_name) if il_name else None
-                    src = il["interleaved"]["median_s"] if il and il.get("interleaved") else \
-                        {r["variant"]: r["median_s"] for r in (_load(pp_name) or {"rows": []})["rows"]}
-                    if src.get("inductor") and src.get("fusegraph"):
-                        all_ratios.append((threads, src["inductor"] / src["fusegraph"]))
-        rs = [r for t, r in all_ratios if t == threads]
-        if rs:
-            print(f"{threads} thread(s), both dtypes: geometric mean {math.exp(sum(map(math.log, rs)) / len(rs)):.2f}× "
-                  f"Inductor over {len(rs)} (model, dtype) pairs; minimum {min(rs):.2f}×.")
+        by_threads.setdefault(title.split(" ")[0], []).extend(table(title, runs))
+    for threads, rs in by_threads.items():
+        gm = math.exp(sum(map(math.log, rs)) / len(rs))
+        print(f"{threads} thread(s), both dtypes: geometric mean {gm:.2f}× Inductor over {len(rs)} (model, dtype) "
+              f"pairs; minimum {min(rs):.2f}×.")
     return 0
 
 

@@ -1,5 +1,6 @@
 """``python -m fusegraph bench real [--model flux|sd35|wan|hunyuan_video|ltx|qwenimage] [--dtype fp32|bf16]
-[--tokens IMG,TXT] [--layers N] [--variants A;B;...] [--reps N] [--threads N] [--interleave ROUNDS [--interleave-only]] [--json PATH]``
+[--tokens IMG,TXT] [--layers N] [--variants A;B;...] [--reps N] [--threads N]
+[--interleave ROUNDS [--interleave-only]] [--json PATH]``
 
 Diffusion transformers at the widths users run: the published configs of FLUX.1-dev, Stable Diffusion 3.5 Large,
 Wan 2.1 1.3B, HunyuanVideo, LTX-Video and Qwen-Image (hidden size, heads x head dim, FFN, text dim, as their
@@ -271,9 +272,8 @@ def run_variant(model_name: str, variant: str, dtype_name: str, img_tokens: int,
 def run_interleaved(model_name: str, variants: list, dtype_name: str, img_tokens: int, txt_tokens: int,
                     layers: int, rounds: int, threads: int) -> dict:
     """Every variant in this one process, on one model: each compiled and warmed (first call + 2; OpenVINO's
-    conversion first), then ``rounds``
-    rounds calling each once, the order rotated by one every round, so that a change of the machine's load hits
-    every variant alike. ``{"order": [[variant, ...] per round], "times_s": {variant: [s per round]},
+    conversion first), then ``rounds`` rounds calling each once, the order rotated by one every round, so that a
+    change of the machine's load hits every variant alike. ``{"order": [[variant, ...] per round], "times_s": {variant: [s per round]},
     "median_s": {variant: s}}``. OpenVINO's converted copy of the weights stays resident beside the model."""
     import torch
 

@@ -243,7 +243,8 @@ def test_bench_real_interleave_arguments(argv, needle, capsys):
 
 def test_bench_real_interleaved_rotates_the_order_and_times_every_variant(monkeypatch):
     """run_interleaved: each variant compiled and warmed once (3 calls; OpenVINO first), then one call per round,
-    the order rotated every round; medians are of each variant's own calls. A tiny model stands in for the published widths."""
+    the order rotated every round; medians are of each variant's own calls. A tiny model stands in for the
+    published widths."""
     from fusegraph.bench import real
 
     model = torch.nn.Linear(8, 8)
