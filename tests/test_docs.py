@@ -1,0 +1,159 @@
+"""The docs stay true to the code and to themselves: the guide's configuration reference is the one generated
+from fusegraph/config.py, every relative link and named doc file exists, every file in docs/results is cited by
+a benchmark table (and every cited one exists), and BENCHMARKS.md §1 is what scripts/bench_real_tables.py prints
+from those files."""
+import contextlib
+import importlib.util
+import io
+import os
+import re
+import unicodedata
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = os.path.join(ROOT, "docs")
+RESULTS = os.path.join(DOCS, "results")
+MARKDOWN = ["README.md"] + sorted(os.path.join("docs", f) for f in os.listdir(DOCS) if f.endswith(".md"))
+# The docs that cite runs in docs/results.
+CITING = [os.path.join("docs", "BENCHMARKS.md"), os.path.join("docs", "GUIDE.md")]
+
+
+def _script(name):
+    spec = importlib.util.spec_from_file_location(f"_docs_test_{name}", os.path.join(ROOT, "scripts", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _read(rel):
+    with open(os.path.join(ROOT, rel), encoding="utf-8") as f:
+        return f.read()
+
+
+def _without_code_blocks(text):
+    return re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+
+
+# --- the configuration reference -----------------------------------------------------------------------------
+
+def test_config_reference_is_generated_from_the_config():
+    ref = _script("config_reference")
+    section = ref.current(_read(os.path.join("docs", "GUIDE.md")))
+    assert section is not None, "docs/GUIDE.md lost the config-reference markers"
+    assert section == ref.generate(), \
+        "docs/GUIDE.md's config reference is stale: run .venv/bin/python scripts/config_reference.py --write"
+    assert ref.check()
+
+
+def test_config_reference_names_every_field_with_its_doc():
+    ref = _script("config_reference")
+    config = ref._import_config()
+    section = ref.current(_read(os.path.join("docs", "GUIDE.md")))
+    for cls in (config.CompilationConfig, config.FusionPatterns):
+        for name, field in cls._fields.items():
+            assert f"**`{name}`**" in section, f"{cls.__name__}.{name} is missing from the config reference"
+            doc = " ".join((field.__doc__ or "").split())
+            assert doc, f"{cls.__name__}.{name} has no doc (fusegraph/config.py)"
+            assert doc in section, f"{cls.__name__}.{name}'s doc is not in the config reference"
+        for alias in cls._aliases:
+            assert f"`{alias}`" in section, f"alias {alias} is missing from the config reference"
+
+
+def test_config_reference_check_detects_a_stale_guide(tmp_path):
+    ref = _script("config_reference")
+    text = _read(os.path.join("docs", "GUIDE.md"))
+    stale = tmp_path / "GUIDE.md"
+    stale.write_text(text.replace("**`verify`**", "**`verified`**"), encoding="utf-8")
+    assert not ref.check(str(stale))
+    assert ref.write(str(stale)) and ref.check(str(stale))
+    assert stale.read_text(encoding="utf-8") == text
+
+
+# --- links ---------------------------------------------------------------------------------------------------
+
+def _slug(heading):
+    """GitHub's anchor of a Markdown heading."""
+    text = re.sub(r"[`*_]|\[([^\]]*)\]\([^)]*\)", lambda m: m.group(1) or "", heading.strip()).lower()
+    keep = "".join(c for c in text if c in " -" or unicodedata.category(c)[0] in "LMN" or c == "_")
+    return keep.replace(" ", "-")
+
+
+def _anchors(rel):
+    return {_slug(m.group(1)) for m in re.finditer(r"^#+\s+(.*)$", _without_code_blocks(_read(rel)), re.M)}
+
+
+@pytest.mark.parametrize("doc", MARKDOWN)
+def test_relative_links_point_at_files_and_headings_that_exist(doc):
+    text = _without_code_blocks(_read(doc))
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue  # http(s), mailto
+        path, _, anchor = target.partition("#")
+        rel = os.path.normpath(os.path.join(os.path.dirname(doc), path)) if path else doc
+        if not os.path.exists(os.path.join(ROOT, rel)):
+            broken.append(f"{target} (no file {rel})")
+        elif anchor and rel.endswith(".md") and anchor not in _anchors(rel):
+            broken.append(f"{target} (no heading #{anchor} in {rel})")
+    assert not broken, f"{doc}: broken links: {broken}"
+
+
+@pytest.mark.parametrize("doc", MARKDOWN)
+def test_named_doc_files_exist(doc):
+    """A doc named in prose or code (`docs/X.md`, `X.md` of docs/) exists: a deleted or renamed doc leaves no
+    dangling mention."""
+    missing = set()
+    for name in re.findall(r"(?<![\w/.-])((?:docs/)?[A-Za-z_]+\.md)\b", _read(doc)):
+        candidates = [name] if name.startswith("docs/") else [name, os.path.join("docs", name),
+                                                              os.path.join("..", "shared", name)]  # SPEC.md
+        if not any(os.path.exists(os.path.join(ROOT, c)) for c in candidates):
+            missing.add(name)
+    assert not missing, f"{doc} names docs that do not exist: {sorted(missing)}"
+
+
+# --- docs/results holds only what the tables cite ------------------------------------------------------------
+
+def _cited_text():
+    return "\n".join(_read(d) for d in CITING)
+
+
+def test_every_result_file_is_cited():
+    text = _cited_text()
+    uncited = []
+    for name in sorted(os.listdir(RESULTS)):
+        stem = re.sub(r"\.(txt|json)$", "", name)
+        cite = stem if "_" in stem else name  # a one-word stem (demo) is cited by its file name
+        if not re.search(rf"(?<![\w-]){re.escape(cite)}(?![\w-])", text):
+            uncited.append(name)
+    assert not uncited, f"docs/results files no table cites (delete them; history lives in git): {uncited}"
+
+
+def test_every_cited_result_file_exists():
+    text = _cited_text()
+    files = set(os.listdir(RESULTS))
+    stems = {re.sub(r"\.(txt|json)$", "", f) for f in files}
+    missing = []
+    for path in re.findall(r"docs/results/([\w.{},*-]+)", text):
+        path = path.rstrip(".,")
+        if re.search(r"[A-Z]|[{}*]", path):  # a placeholder (M, DTYPE, N) or a pattern, not a file
+            continue
+        stem = re.sub(r"\.(txt|json)$", "", path)
+        if path not in files and stem not in stems:
+            missing.append(path)
+    for stem in re.findall(r"`([a-z0-9]+_[a-z0-9_]*_t[12](?:_[a-z0-9_]+)?)(?:\.txt|\.json)?`", text):
+        if stem not in stems:  # a run named by its stem, as the tables' *speeds* column does
+            missing.append(stem)
+    assert not missing, f"cited but not in docs/results: {sorted(set(missing))}"
+
+
+def test_published_width_tables_are_what_bench_real_tables_prints():
+    tables = _script("bench_real_tables")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert tables.main() == 0
+    text = _read(os.path.join("docs", "BENCHMARKS.md"))
+    lines = [line for line in out.getvalue().splitlines() if line.strip()]
+    assert lines and "not run" not in out.getvalue(), "a run scripts/bench_real_tables.py reads is missing"
+    stale = [line for line in lines if line not in text]
+    assert not stale, f"docs/BENCHMARKS.md §1 differs from scripts/bench_real_tables.py's output: {stale}"
