@@ -224,10 +224,11 @@ class CompilationConfig(_ConfigBase):
     graph_lazy_capture = _Field(False, _bool, "Capture at the first real call (static inputs share the caller's "
                                               "storage); False: capture at compile time on detach().clone() "
                                               "buffers.")
-    graph_max_entries = _Field(0, _nonneg_int, ">0: at most this many graphs per compiled function; the oldest "
-                                               "is evicted.")
+    graph_max_entries = _Field(0, _nonneg_int, ">0: at most this many graphs per compiled function; past it one "
+                                               "is evicted (graph_eviction picks which). 0: no limit.")
     graph_eviction = _Field("fifo", _choice("fifo", "lru"), "Which graph to evict first: 'fifo' or 'lru'.")
-    graph_memory_budget = _Field(0, _nonneg_int, "Bytes; >0: evict until the graphs' measured memory fits.")
+    graph_memory_budget = _Field(0, _nonneg_int, "Bytes; >0: evict until the graphs' measured memory fits. 0: no "
+                                                 "budget.")
     graph_recapture = _Field(True, _bool, "A new input signature captures a new graph; False: raise RuntimeError "
                                           "on an input mismatch.")
     graph_warmup_runs = _Field(1, _nonneg_int, "Eager runs before a capture (JIT/autotuning outside the capture).")
@@ -272,7 +273,7 @@ class CompilationConfig(_ConfigBase):
                                       "per call. Where the C++ wrapper fails to compile, the Python one is used "
                                       "(logged, stats.fallbacks). Plain torch.compile uses the Python wrapper.")
     fusion_choice = _Field("auto", _choice("auto", "model", "always"),
-                           "Inductor route only: 'auto' (and its former name 'model') keeps a fused op where it is "
+                           "Inductor route only: 'auto' (alias 'model') keeps a fused op where it is "
                            "predicted faster than Inductor's own code for the site and lowers it back to aten ops "
                            "elsewhere, decided at compile time from the site's shapes, dtype, device and thread "
                            "count by fusegraph.fusion.choice's cost model (a table of kernel measurements shipped with "

@@ -15,7 +15,9 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import re
 import sys
+import textwrap
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GUIDE = os.path.join(ROOT, "docs", "GUIDE.md")
@@ -93,7 +95,10 @@ def _section(config, cls, path, out, seen):
             line += " Alias" + ("es" if len(aliases[name]) > 1 else "") + ": " + \
                 ", ".join(f"`{a}`" for a in sorted(aliases[name])) + "."
         out.append(line)
-        out.append("  " + " ".join((field.__doc__ or "(undocumented)").split()))
+        for text in textwrap.wrap(" ".join((field.__doc__ or "(undocumented)").split()), width=114,
+                                  break_on_hyphens=False, break_long_words=False):
+            # a line that Markdown would read as a quote, heading or list item (">0: ...") is escaped
+            out.append("  " + ("\\" + text if re.match(r"[>#+*-]|\d+[.)]", text) else text))
         if sub is not None and sub not in seen:
             nested.append((sub, f"{path}.{name}"))
     out.append("")
