@@ -44,7 +44,7 @@ build: $(DEPS_STAMP) system-deps
 	fi
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 	@# the pattern families' search patterns, traced once here rather than in every process (fusion/traced.py)
-	OMP_NUM_THREADS=1 $(PY) -c "from fusegraph.fusion import traced; traced.main(['--if-stale'])"
+	OMP_NUM_THREADS=1 $(PY) -c "from fusegraph.fusion import passes; passes.ship_patterns(['--if-stale'])"
 
 cpp-test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)

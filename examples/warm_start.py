@@ -1,4 +1,4 @@
-"""First-call time of a fresh process under each warm-start recipe (docs/RECIPES.md §5), tiny Flux fp32.
+"""First-call time of a fresh process under each warm-start recipe (docs/GUIDE.md §2.5), tiny Flux fp32.
 
     # cold, then a second process on the same cache folder; --save writes the cache artifacts
     TORCHINDUCTOR_CACHE_DIR=/tmp/wa python examples/warm_start.py --save /tmp/artifacts.bin

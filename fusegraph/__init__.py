@@ -19,7 +19,7 @@ def _register_backend_by_name() -> None:
     Where it is installed, Dynamo loads it on lookup and registering here too would be a duplicate."""
     from importlib.metadata import entry_points
 
-    from torch._dynamo.backends.registry import register_backend
+    from ._core.torch_dynamo import register_backend
 
     if "fusegraph" in entry_points(group="torch_dynamo_backends").names:
         return

@@ -24,14 +24,15 @@ import time
 from typing import Optional
 
 import torch
-import torch.utils._pytree as pytree
 
 from . import freezing
+from ._core import torch_dispatcher
+from ._core.torch_dispatcher import pytree
+from ._core.torch_dynamo import capture_lock, fx_tracing_window
 from .config import CompilationConfig
 from .fusion import PATTERN_NAMES, choice, passes
 from .fusion.inductor_pass import FusionPass
 from .graph import compile_graph_route, device_graph_available
-from .graph.runner import capture_lock, fx_tracing_window
 from .stats import Stats
 
 log = logging.getLogger("fusegraph")
@@ -250,7 +251,7 @@ class Backend:
             return self._compile_inductor_with(gm, example_inputs, job, False)
 
     def _compile_inductor_with(self, gm, example_inputs, job, cpp_wrapper: bool):
-        from torch._inductor.compile_fx import compile_fx
+        from ._core.torch_inductor import compile_fx
 
         fusion_pass = FusionPass(self.config, job)
         if self.config.verify:  # the post-grad graph's placeholders once Inductor froze the rest
@@ -285,7 +286,7 @@ class Backend:
 
     # default route with inductor=False, and the graph routes: an aten graph, fused or not, run or captured
     def _compile_aten(self, gm, example_inputs, job, route):
-        from torch._dynamo.backends.common import aot_autograd
+        from ._core.torch_dynamo import aot_autograd
         from functorch.compile import make_boxed_func
 
         fuse = route != "graph_only"
@@ -325,11 +326,11 @@ class Backend:
         backend = aot_autograd(fw_compiler=plain, inference_compiler=inference,
                                decompositions=passes.decompositions())
         # A tracing context, as compile_fx sets up: aot_autograd records the parameters in it, freezing reads them.
-        from torch._guards import TracingContext, detect_fake_mode, tracing
+        from ._core.torch_fake import FakeTensorMode, TracingContext, detect_fake_mode, tracing
 
         context = TracingContext.try_get()
         if context is None:
-            fake_mode = detect_fake_mode(example_inputs) or torch._subclasses.FakeTensorMode(allow_non_fake_inputs=True)
+            fake_mode = detect_fake_mode(example_inputs) or FakeTensorMode(allow_non_fake_inputs=True)
             context = TracingContext(fake_mode)
         with tracing(context):
             return backend(gm, example_inputs)
@@ -396,21 +397,21 @@ def _cpp_wrapper_fits(gm, example_inputs) -> bool:
     the Python wrapper, which more of Inductor is tested with. Inductor generates no code for complex ops: they
     stay aten calls, several without a C shim (``_conj``), which :func:`_refuse_proxy_executor` would refuse only
     after a whole compile."""
-    from .graph import ranks
+    from ._core import ranks
 
     if _input_device(example_inputs).type != "cpu" or freezing.has_symbolic_inputs(gm, example_inputs):
         return False
     if not all(isinstance(x, torch.Tensor) for x in example_inputs) or ranks.collective_groups(gm) != []:
         return False
-    any_type = torch._C.AnyType.get()
+    any_type = torch_dispatcher.AnyType.get()
     for node in gm.graph.nodes:
         val = node.meta.get("example_value", node.meta.get("val"))
         if any(isinstance(v, torch.Tensor) and v.dtype.is_complex for v in pytree.tree_leaves(val)):
             return False
-        if node.op != "call_function" or not isinstance(node.target, (torch._ops.OpOverload,
-                                                                      torch._ops.OpOverloadPacket)):
+        if node.op != "call_function" or not isinstance(node.target, (torch_dispatcher.OpOverload,
+                                                                      torch_dispatcher.OpOverloadPacket)):
             continue
-        overloads = [node.target] if isinstance(node.target, torch._ops.OpOverload) else \
+        overloads = [node.target] if isinstance(node.target, torch_dispatcher.OpOverload) else \
             [getattr(node.target, name) for name in node.target.overloads()]
         if any(a.type == any_type for op in overloads for a in op._schema.arguments):
             return False

@@ -37,6 +37,7 @@ from unittest import mock
 import torch
 import torch.fx
 
+from ._core.torch_dispatcher import OpOverload
 from .fusion import FAMILY_NAMES, choice, passes
 from .fusion.patterns import BY_NAME
 from .fusion.patterns._prepare import depends_on
@@ -426,7 +427,7 @@ def _candidates(graph: torch.fx.Graph, families) -> list:
 
 
 def _is_fused_op(node) -> bool:
-    return (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+    return (node.op == "call_function" and isinstance(node.target, OpOverload)
             and node.target.namespace == "fusegraph")
 
 
@@ -466,7 +467,7 @@ def _op_name(node) -> str:
     if node.op == "get_attr":
         return "a constant"
     t = node.target
-    if isinstance(t, torch._ops.OpOverload):
+    if isinstance(t, OpOverload):
         return t.overloadpacket.__name__
     return getattr(t, "__name__", str(t))
 
@@ -530,7 +531,7 @@ def _refusal(family: str, entry, match) -> str:
 
 def _match(pattern, node):
     """(result, the graph nodes of the pattern's ops matched before it failed): the matcher's own context."""
-    from torch._inductor.pattern_matcher import FailedMatch, MatchContext
+    from ._core.torch_pattern_matcher import FailedMatch, MatchContext
 
     try:
         ctx = MatchContext([pattern], graph=node.graph)
@@ -838,11 +839,11 @@ def explain(model_or_fn, *args, config=None, **kwargs) -> ExplainReport:
             breaks.append(reason)
         return backend(gm, example_inputs)
 
-    import torch._inductor.config as inductor_config
-    from torch._dynamo.utils import graph_break_reasons
+    from ._core.torch_inductor import config as inductor_config
+    from ._core.torch_dynamo import graph_break_reasons
 
     with _lock:
-        torch._dynamo.reset()
+        torch.compiler.reset()
         try:
             with contextlib.ExitStack() as stack:
                 stack.enter_context(torch.no_grad())
@@ -853,7 +854,7 @@ def explain(model_or_fn, *args, config=None, **kwargs) -> ExplainReport:
             # Dynamo lists every break in order, also those whose graph held no op (never handed to a backend)
             breaks = list(graph_break_reasons) + [b for b in breaks if not any(b is r for r in graph_break_reasons)]
         finally:
-            torch._dynamo.reset()
+            torch.compiler.reset()
     report = ExplainReport(model=_model_name(model_or_fn), families=list(FAMILY_NAMES),
                            enabled=list(opts.enabled_families()), graphs=backend.stats.graphs_compiled)
     for observer in observers:

@@ -26,6 +26,8 @@ import weakref
 import torch
 
 from . import _C
+from ._core.torch_dispatcher import TENSOR_DATA, is_opaque_value
+from ._core.torch_dynamo import stance_name
 
 log = logging.getLogger("fusegraph")
 
@@ -87,9 +89,8 @@ def packing_policy(concat_linear: bool = False, pack_weights: bool = False):
     which is called here so that the entries exist); their checks are wrapped for the duration. Runs under
     Dynamo's compile lock (``Backend._compile``); another torch's layout of these internals leaves packing as
     Inductor does it."""
-    import torch._inductor.config
-
     from . import packing
+    from ._core.torch_inductor import config as inductor_config
 
     wraps = {"_is_packable_linear": lambda match, check: (pack_weights and check(match)
                                                           and not _is_fp32_linear(match)),
@@ -98,7 +99,7 @@ def packing_policy(concat_linear: bool = False, pack_weights: bool = False):
              "check_concat_weights": lambda match, check: check(match) and _same_weight_shapes(match)}
     entries = []
     try:
-        from torch._inductor.fx_passes import freezing_patterns
+        from ._core.torch_inductor import freezing_patterns
 
         freezing_patterns.lazy_init()
         for pm in freezing_patterns.pass_patterns:
@@ -114,7 +115,7 @@ def packing_policy(concat_linear: bool = False, pack_weights: bool = False):
     if not pack_weights:
         patches["layout_optimization"] = False
     try:
-        with torch._inductor.config.patch(patches):
+        with inductor_config.patch(patches):
             yield
     finally:
         for e, check in zip(entries, saved):
@@ -164,7 +165,7 @@ def aliasing_folds(params, active: bool = True):
     if not active:
         yield
         return
-    from torch._inductor import constant_folding
+    from ._core.torch_inductor import constant_folding
 
     storages = {k for k in (_storage_key(p) for p in params) if k is not None}
     original = constant_folding.replace_node_with_constant
@@ -203,7 +204,7 @@ def released_with_the_graph(params):
     stayed alive (plain ``torch.compile`` passes them as inputs). The modules generated during the compile that hold
     one of ``params`` are dropped from that list, so they live as long as the compiled graph that calls them."""
     try:
-        from torch._inductor.codecache import PyCodeCache
+        from ._core.torch_inductor import PyCodeCache
 
         modules = PyCodeCache.modules
     except (ImportError, AttributeError):
@@ -293,7 +294,7 @@ def parameters_to_attributes(gm: torch.fx.GraphModule, params: dict):
     return new, keep
 
 
-_TENSOR_DATA = torch._C.TensorBase.data  # the getset descriptor ``Parameter.data`` resolves to
+_TENSOR_DATA = TENSOR_DATA
 
 
 class DataWatch:
@@ -512,12 +513,8 @@ _NEVER = _Never()
 
 def _refuse_recompile(what: str) -> None:
     """Under ``torch.compiler.set_stance("fail_on_recompile")`` a re-compile raises as Dynamo's own do."""
-    try:
-        from torch._dynamo.eval_frame import _stance
-    except ImportError:
-        return
-    if getattr(_stance, "stance", None) == "fail_on_recompile":
-        from torch._dynamo.exc import RecompileError
+    if stance_name() == "fail_on_recompile":
+        from ._core.torch_dynamo import RecompileError
 
         raise RecompileError(f"Detected recompile when torch.compile stance is 'fail_on_recompile': {what}")
 
@@ -525,11 +522,7 @@ def _refuse_recompile(what: str) -> None:
 def is_opaque(x) -> bool:
     """An opaque object Dynamo passes as a graph input (DTensor's ``DeviceMesh`` under tensor parallelism, a
     ScriptObject): a constant of the program, not a symbolic size."""
-    try:
-        from torch._library.opaque_object import is_opaque_value
-    except ImportError:  # older torch
-        is_opaque_value = None
-    if is_opaque_value is not None and is_opaque_value(x):
+    if is_opaque_value(x):
         return True
     return isinstance(x, torch.ScriptObject) or type(x).__name__ in ("DeviceMesh", "FakeScriptObject")
 
@@ -540,7 +533,7 @@ def opaque_inputs_stay_inputs():
     parallelism aot_autograd lifts each DTensor's ``DeviceMesh`` too, as an opaque object ("cannot assign
     FakeScriptObject to buffer"); those stay graph inputs, the tensors are folded. Patched for the compile only
     (under Dynamo's compile lock); Inductor's own freezing calls the same function."""
-    from torch._inductor import freezing
+    from ._core.torch_inductor import freezing
 
     original = freezing.replace_params_with_constants
 
@@ -644,7 +637,7 @@ def drop_frozen_args(gm, keep):
 def freeze_aot_graph(dynamo_gm, aot_gm, aot_inputs, on_failure, config, params):
     """Parameters folded into constants (torch._inductor.freezing.freeze) under ``config``'s weight policy:
     (gm, kept arg indices), or (the unfrozen graph, None) after ``on_failure(reason)`` when freezing fails."""
-    from torch._inductor.freezing import freeze
+    from ._core.torch_inductor import freeze
 
     # freeze edits the graph in place; a failure half-way must not leave the unfrozen fallback a graph with
     # some inputs already turned into constants ("forward() takes 9 positional arguments but 11 were given")

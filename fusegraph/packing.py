@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import threading
 
 import torch
 
-from ._verdicts import VerdictFile, is_timed_verdict
+from ._core.measure import paired_medians
+from ._core import cache
+from ._core.cache import VerdictFile, is_timed_verdict
 
 log = logging.getLogger("fusegraph")
 
@@ -34,9 +35,7 @@ _decided = collections.deque(maxlen=1024)  # (signature, pack?, t_plain, t_packe
 
 
 def cache_path() -> str:
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-    return os.path.join(cache_dir(), "fusegraph_packing", f"conv_v{CACHE_VERSION}.json")
+    return cache.path("packing", f"conv_v{CACHE_VERSION}.json")
 
 
 _verdicts = VerdictFile(lambda: cache_path(),  # key -> [pack?, t_plain, t_packed]
@@ -78,8 +77,6 @@ def _key(sig: tuple) -> str:
 def _time_both(sig: tuple) -> tuple:
     """Median seconds per call of the plain convolution and of the packed one including the input's change to
     channels-last (Inductor may fold that change into a producer, or not: counted, to stay on the safe side)."""
-    from .fusion.choice import _paired_medians
-
     dtype, xs, ws, has_bias, stride, padding, dilation, transposed, output_padding, groups = sig
     dtype = getattr(torch, dtype)
     x = torch.randn(xs, dtype=dtype)
@@ -107,7 +104,7 @@ def _time_both(sig: tuple) -> tuple:
         return torch.ops.aten.convolution.default(x, w, b, list(stride), list(padding), list(dilation), transposed,
                                                   list(output_padding), groups)
 
-    t_plain, t_packed = _paired_medians([plain, packed], min_time=0.025, rounds=7)
+    t_plain, t_packed = paired_medians([plain, packed], min_time=0.025, rounds=7)
     return t_plain, t_packed
 
 
@@ -121,7 +118,7 @@ def conv_packing_pays(node: torch.fx.Node) -> bool:
     with _lock:
         verdict = _verdicts.get(key)
         if verdict is None:
-            from torch._subclasses.fake_tensor import unset_fake_temporarily
+            from ._core.torch_fake import unset_fake_temporarily
 
             try:
                 with unset_fake_temporarily(), torch.no_grad():

@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from fusegraph import Backend, CompilationConfig, _verdicts, packing
+from fusegraph import Backend, CompilationConfig, packing
+from fusegraph._core import cache
 from fusegraph.fusion import choice, inductor_pass
 
 # file content -> what is wrong with it
@@ -30,7 +31,7 @@ def cache_files(tmp_path, monkeypatch):
     monkeypatch.setattr(choice, "calibration_path", lambda: str(paths["cost"]))
     monkeypatch.setattr(packing, "cache_path", lambda: str(paths["packing"]))
     monkeypatch.setattr(inductor_pass, "_record_path", lambda key: str(paths["counts"] / f"{key}.json"))
-    monkeypatch.setattr(_verdicts, "_warned", set())
+    monkeypatch.setattr(cache, "_warned", set())
     packing._verdicts.forget()
     inductor_pass._records.clear()
     yield paths
@@ -44,7 +45,7 @@ def _warnings(caplog, path) -> list:
 
 @pytest.mark.parametrize("bad", BAD)
 def test_read_json_ignores_a_bad_file_with_one_warning(bad, tmp_path, caplog, monkeypatch):
-    monkeypatch.setattr(_verdicts, "_warned", set())
+    monkeypatch.setattr(cache, "_warned", set())
     path = tmp_path / "f.json"
     path.write_bytes(BAD[bad])
 
@@ -54,10 +55,10 @@ def test_read_json_ignores_a_bad_file_with_one_warning(bad, tmp_path, caplog, mo
         return data
 
     with caplog.at_level(logging.WARNING, logger="fusegraph"):
-        assert _verdicts.read_json(str(path), check) is None
-        assert _verdicts.read_json(str(path), check) is None
+        assert cache.read_json(str(path), check) is None
+        assert cache.read_json(str(path), check) is None
     assert len(_warnings(caplog, path)) == 1, caplog.text
-    assert _verdicts.read_json(str(tmp_path / "missing.json")) is None  # missing: no warning
+    assert cache.read_json(str(tmp_path / "missing.json")) is None  # missing: no warning
     assert len([r for r in caplog.records if "missing.json" in r.getMessage()]) == 0
 
 

@@ -174,7 +174,7 @@ def main(argv=None) -> int:
         fg_default, fg_compile_s = None, None
         if not args.no_compile:  # fusegraph's default route (fusion -> Inductor), SPEC §5's fourth column
             try:
-                torch._dynamo.reset()
+                torch.compiler.reset()
                 from fusegraph import Backend
 
                 fg_default = torch.compile(block, backend=Backend())

@@ -283,7 +283,7 @@ def measure_case(case: Case, dtype: torch.dtype, device: torch.device, *, quick:
     fns = {"eager": lambda: case.eager(*args)}
 
     if backend is not None:
-        torch._dynamo.reset()  # a fresh compile per row: honest compile time, no recompile limit
+        torch.compiler.reset()  # a fresh compile per row: honest compile time, no recompile limit
         compiled = torch.compile(case.eager, backend=backend)
         try:
             row["compile_s"] = timing.first_call_seconds(lambda: compiled(*args), device=device)
@@ -295,7 +295,7 @@ def measure_case(case: Case, dtype: torch.dtype, device: torch.device, *, quick:
     if route:
         from fusegraph import Backend
 
-        torch._dynamo.reset()
+        torch.compiler.reset()
         fg = Backend()
         routed = torch.compile(case.eager, backend=fg)
         try:

@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     saved = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:
-        torch._dynamo.reset()
+        torch.compiler.reset()
         model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(args.layers)]).eval()
         x = torch.randn(1, 8)
         route = torch.compile(model, backend=fusegraph.Backend({"graph_with_compile": True}))

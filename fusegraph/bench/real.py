@@ -27,7 +27,7 @@ Variants:
   ``pip install openvino``; the row says so when it is missing). Its bf16 row converts the same weights in fp32
   and runs with ``INFERENCE_PRECISION_HINT=bf16``, OpenVINO's own way to run bf16 on CPU.
 
-``bench real --model flux`` is the weights benchmark of benchmarks_history.md §15 (FLUX.1 widths, 1 + 1 blocks).
+``bench real --model flux`` is the weights benchmark of docs/BENCHMARKS.md §6 (FLUX.1 widths, 1 + 1 blocks).
 """
 from __future__ import annotations
 
@@ -168,7 +168,7 @@ def build(name: str, dtype, img_tokens: int = 256, txt_tokens: int = 64, layers:
 
 
 def build_flux_real(dtype, img_tokens: int, txt_tokens: int):
-    """FLUX.1 widths, 1 + 1 blocks (benchmarks_history.md §15, scripts/ab_freezing.py): (model, forward kwargs)."""
+    """FLUX.1 widths, 1 + 1 blocks (docs/BENCHMARKS.md §6, scripts/ab_freezing.py): (model, forward kwargs)."""
     model, kw, _ = build("flux", dtype, img_tokens, txt_tokens)
     return model, kw
 

@@ -3,59 +3,23 @@ from __future__ import annotations
 
 import os
 import platform
-import statistics
 import time
 from typing import Callable
 
 import torch
 
-
-def synchronize(device: torch.device | str) -> None:
-    device = torch.device(device)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "npu":  # pragma: no cover - Ascend only
-        torch.npu.synchronize()
-
-
-def median_seconds(fn: Callable[[], object], *, device="cpu", warmup: int = 3, reps: int = 20,
-                   min_time: float = 0.0) -> float:
-    """Median wall time of ``fn()`` over ``reps`` timed runs after ``warmup`` untimed ones (each timed run
-    synchronises the device, so it is end-to-end time including host dispatch). With ``min_time`` > 0,
-    keeps running until that many seconds have been spent timing (at least ``reps`` runs)."""
-    for _ in range(warmup):
-        fn()
-    synchronize(device)
-    times = []
-    spent = 0.0
-    while len(times) < reps or spent < min_time:
-        t0 = time.perf_counter()
-        fn()
-        synchronize(device)
-        dt = time.perf_counter() - t0
-        times.append(dt)
-        spent += dt
-    return statistics.median(times)
+from .._core.measure import interleaved, sync_for, synchronize  # noqa: F401  (synchronize: the benchmarks' name)
 
 
 def interleaved_seconds(fns: dict[str, Callable[[], object]], *, device="cpu", warmup: int = 3,
                         reps: int = 20) -> dict[str, list[float]]:
-    """Wall times of several alternatives measured in turn, rep by rep (A B C, B C A, C A B, ...), so a
-    change of machine load during the run (a shared machine) hits all of them alike. Each timed run is
-    synchronised like :func:`median_seconds`. Returns every alternative's list of ``reps`` times."""
+    """Wall times of several alternatives measured in turn, rep by rep (A B C, B C A, C A B, ...), so a change of
+    machine load during the run (a shared machine) hits all of them alike: ``measure.interleaved``, the policy the
+    measured choices use too, one call per rep. Each timed run synchronises the device (end-to-end time including
+    host dispatch). Returns every alternative's list of ``reps`` times."""
     names = list(fns)
-    for name in names:
-        for _ in range(warmup):
-            fns[name]()
-    synchronize(device)
-    times = {name: [] for name in names}
-    for i in range(reps):
-        for name in names[i % len(names):] + names[:i % len(names)]:
-            t0 = time.perf_counter()
-            fns[name]()
-            synchronize(device)
-            times[name].append(time.perf_counter() - t0)
-    return times
+    times = interleaved([fns[n] for n in names], rounds=reps, warmup=warmup, sync=sync_for(device))
+    return dict(zip(names, times))
 
 
 def cpu_model() -> str:

@@ -44,7 +44,7 @@ def bench_one(name: str, reps: int) -> dict:
     model, kwargs = zoo.build(name)
     report = explain(model, **kwargs)
     row = dict(model=name, counts=report.counts(), graphs=report.graphs, graph_breaks=len(report.graph_breaks))
-    torch._dynamo.reset()
+    torch.compiler.reset()
     backend = Backend(CompilationConfig())
     fns = {"eager": model, "inductor": torch.compile(model), "fusegraph": torch.compile(model, backend=backend)}
     with torch.no_grad():
@@ -56,7 +56,7 @@ def bench_one(name: str, reps: int) -> dict:
             row[f"{variant}_max_abs_diff"] = _max_abs_diff(out, ref)
         times = interleaved_seconds({k: (lambda fn=fn: fn(**kwargs)) for k, fn in fns.items()},
                                      warmup=3, reps=reps)
-    torch._dynamo.reset()
+    torch.compiler.reset()
     for variant, ts in times.items():
         row[f"{variant}_s"] = statistics.median(ts)
     row["fusegraph_patterns"] = dict(backend.stats.patterns)

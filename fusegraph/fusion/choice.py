@@ -27,7 +27,6 @@ import json
 import logging
 import math
 import os
-import statistics
 import threading
 import time
 from typing import Optional
@@ -35,7 +34,9 @@ from typing import Optional
 import torch
 import torch.fx
 
-from .._verdicts import number, read_json
+from .._core.measure import paired_medians, sync_for
+from .._core import cache
+from .._core.cache import number, read_json
 
 log = logging.getLogger("fusegraph")
 
@@ -184,8 +185,8 @@ def lowered_call(target, *args, **kwargs):
 def lower(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
     """Replaces the fused ``node`` by its lowering to aten ops (traced under the graph's fake mode with
     Inductor's decompositions, so every new node has its "val")."""
-    from torch._guards import detect_fake_mode
-    from torch._inductor.decomposition import select_decomp_table
+    from .._core.torch_fake import detect_fake_mode
+    from .._core.torch_inductor import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
     fn, kw = _lowering(node)
@@ -333,9 +334,7 @@ def cost_model(reload: bool = False) -> CostModel:
 
 
 def calibration_path() -> str:
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-    return os.path.join(cache_dir(), "fusegraph_cost", f"cost_v{TABLE_VERSION}.json")
+    return cache.path(f"cost_v{TABLE_VERSION}.json")
 
 
 def _site_size(node) -> tuple:
@@ -455,48 +454,10 @@ def _site_args(family: str, numel: int, dtype, device):
     raise ValueError(f"unknown family {family!r}")
 
 
-def _paired_medians(fns, min_time: float = 0.06, rounds: int = 9, sync=lambda: None) -> list:
-    """Median seconds per call of each of ``fns``, measured in interleaved rounds (the same machine load for
-    each: on a shared machine a burst of load then hits both sides of a ratio alike). ``sync`` waits for the
-    device (CUDA's kernels run asynchronously)."""
-    counts = []
-    for fn in fns:
-        fn()
-        n = 1
-        while True:  # calls per round so that a round takes about min_time / rounds
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            sync()
-            if (time.perf_counter() - t0) * rounds >= min_time or n >= 1 << 16:
-                break
-            n *= 2
-        counts.append(n)
-    times = [[] for _ in fns]
-    for _ in range(rounds):
-        for fn, n, out in zip(fns, counts, times):
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            sync()
-            out.append((time.perf_counter() - t0) / n)
-    return [statistics.median(t) for t in times]
-
-
-def _sync_for(device: torch.device):
-    if device.type == "cuda":
-        return torch.cuda.synchronize
-    if device.type == "npu":
-        return torch.npu.synchronize
-    return lambda: None
-
-
 def _inductor_fn(target, args, kwargs):
     """Inductor's compiled code for the lowering of one fused call (what it generates for the site)."""
-    from torch._inductor.compile_fx import compile_fx_inner
-    from torch._inductor.decomposition import select_decomp_table
+    from .._core.torch_inductor import compile_fx_inner
+    from .._core.torch_inductor import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
@@ -520,14 +481,14 @@ def _inductor_fn(target, args, kwargs):
 def _overhead_seconds(device) -> float:
     """The per-call cost of a compiled graph's wrapper around one tiny kernel: subtracted from Inductor's
     measurements (in a model the site's code runs inside the model's kernels, without a call of its own)."""
-    from torch._inductor.compile_fx import compile_fx_inner
+    from .._core.torch_inductor import compile_fx_inner
     from torch.fx.experimental.proxy_tensor import make_fx
 
     x = torch.randn(8, device=device)
     with torch.no_grad():
         gm = make_fx(lambda t: (t + 1,), tracing_mode="fake")(x)
         compiled = compile_fx_inner(gm, [x])
-    return _paired_medians([lambda: compiled([x])], sync=_sync_for(torch.device(device)))[0]
+    return paired_medians([lambda: compiled([x])], sync=sync_for(device))[0]
 
 
 def calibrate(device="cpu", dtypes=(torch.float32, torch.bfloat16, torch.float16), threads=None,
@@ -547,8 +508,8 @@ def calibrate(device="cpu", dtypes=(torch.float32, torch.bfloat16, torch.float16
                 for numel in sizes:
                     target, args, kwargs = _site_args(family, numel, dtype, device)
                     with torch.no_grad():
-                        fused, ind = _paired_medians([lambda: target(*args, **kwargs),
-                                                      _inductor_fn(target, args, kwargs)], sync=_sync_for(device))
+                        fused, ind = paired_medians([lambda: target(*args, **kwargs),
+                                                     _inductor_fn(target, args, kwargs)], sync=sync_for(device))
                     ind = max(ind - overhead, 1e-9)
                     points.append([round(math.log2(numel), 3), round(ind / fused, 4), round(fused * 1e6, 3)])
                     if progress is not None:

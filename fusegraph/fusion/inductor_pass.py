@@ -17,14 +17,14 @@ from typing import Optional
 
 import torch
 
-from .._verdicts import read_json
+from .._core import cache
+from .._core.cache import read_json
+from .._core.torch_dispatcher import OpOverload
+from .._core.torch_inductor import custom_graph_pass_base
 
 from . import choice, passes, patterns
 
-try:
-    from torch._inductor.custom_graph_pass import CustomInferenceAwareGraphPass as _PassBase
-except ImportError:  # older torch
-    from torch._inductor.custom_graph_pass import CustomGraphPass as _PassBase
+_PassBase = custom_graph_pass_base()
 
 # What the compile job the pass reports to provides (fusegraph.backend._CompileJob): pass_ran, fuse(graph),
 # choose(graph), counts, lowered, ops, pass_fallbacks, note_fallback(reason), glog.
@@ -34,7 +34,7 @@ except ImportError:  # older torch
 def _source_hash() -> str:
     """The fusion's source: the family modules, the pass manager, the choice, this pass and the backend (what the
     record holds, and the freezing's packing policy)."""
-    from torch._inductor.custom_graph_pass import get_hash_for_files
+    from .._core.torch_inductor import get_hash_for_files
 
     from . import patterns
 
@@ -106,7 +106,7 @@ class FusionPass(_PassBase):
 
 
 def _is_fused(node: torch.fx.Node) -> bool:
-    return node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) \
+    return node.op == "call_function" and isinstance(node.target, OpOverload) \
         and node.target.namespace == "fusegraph"
 
 
@@ -143,9 +143,7 @@ def _record_key(gm, example_inputs, pass_uuid, freezing) -> str:
 
 
 def _record_path(key: str) -> str:
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-    return os.path.join(cache_dir(), "fusegraph_counts", key + ".json")
+    return cache.path("counts", key + ".json")
 
 
 _records: dict = {}  # this process's records, by key (the files serve other processes)

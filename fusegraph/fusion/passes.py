@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 import torch.fx
-from torch._inductor.pattern_matcher import PatternMatcherPass
+from .._core.torch_pattern_matcher import PatternMatcherPass
 
 from . import traced
 from .patterns import BY_NAME, FAMILY_NAMES, SWITCHES
@@ -64,7 +64,7 @@ def decompositions() -> dict:
     """The decompositions every route traces with (aot_autograd's on the backend's routes, GraphRunner's fusion
     trace): Inductor's ``select_decomp_table()``, the graph form the patterns are written against, but for the ops
     in ``_KEEP_WHOLE``."""
-    from torch._inductor.decomposition import select_decomp_table
+    from .._core.torch_inductor import select_decomp_table
 
     def name(op):
         return op.name().split("::")[-1].split(".")[0] if hasattr(op, "name") else ""
@@ -88,13 +88,13 @@ def pattern_pass(family: str, opts) -> PatternMatcherPass:
             pm = PatternMatcherPass(pass_name=f"fusegraph_{family}")
             # Trace patterns outside any fake mode / tracing context the caller may be in (as Inductor's own
             # lazily registered patterns do), on fresh fake tensors.
-            from torch._dynamo.utils import counters
-            from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+            from .._core.torch_dynamo import counters
+            from .._core.torch_fake import FakeTensorMode, tracing, unset_fake_temporarily
 
             saved = counters["inductor"].copy()
             # Tracing mixed-dtype patterns (e.g. Wan's fp32 LayerNorm of a bf16 input) makes ATen warn about
             # its unfused layer_norm path; that is about the pattern's trace, not the user's model.
-            with torch._guards.tracing(None), unset_fake_temporarily(), FakeTensorMode(), \
+            with tracing(None), unset_fake_temporarily(), FakeTensorMode(), \
                     warnings.catch_warnings(), traced.cached(key):
                 warnings.filterwarnings("ignore", message="Mismatch dtype between input and weight")
                 BY_NAME[family].module.register(pm, copy.deepcopy(opts))
@@ -128,7 +128,7 @@ def _guard_entries(pm: PatternMatcherPass) -> None:
 def remove_redundant_nodes(graph: torch.fx.Graph) -> int:
     """Drops no-op clones, identity views/reshapes/slices/casts (Inductor's ``remove_noop_ops``, which never
     creates new input/output aliasing) and single-piece splits. Returns the number of nodes removed."""
-    from torch._inductor.fx_passes.post_grad import remove_noop_ops
+    from .._core.torch_inductor import remove_noop_ops
 
     before = len(graph.nodes)
     _remove_single_piece_splits(graph)
@@ -285,13 +285,15 @@ def verify_inputs_for(graph_or_gm, inputs, params=None) -> tuple:
     graph = graph_or_gm.graph if isinstance(graph_or_gm, torch.fx.GraphModule) else graph_or_gm
     if inputs is None:
         return None, "verify skipped: no real example inputs for this graph"
+    from .._core.torch_fake import TracingContext
+
     if params is None:
-        context = torch._guards.TracingContext.try_get()
+        context = TracingContext.try_get()
         params = (getattr(context, "params_flat", None) or []) if context is not None else []
     placeholders = graph.find_nodes(op="placeholder")
     inputs, params = list(inputs), list(params)
     if len(placeholders) != len(params) + len(inputs):  # tensor subclass parameters (DTensor under tensor
-        context = torch._guards.TracingContext.try_get()  # parallelism) are placeholders as their inner parts
+        context = TracingContext.try_get()  # parallelism) are placeholders as their inner parts
         unwrapped = getattr(context, "params_flat_unwrap_subclasses", None) if context is not None else None
         if unwrapped is not None and len(placeholders) == len(unwrapped) + len(inputs):
             params = list(unwrapped)
@@ -320,8 +322,8 @@ def _concrete(x):
 
 
 def _input_mismatch(val, real) -> Optional[str]:
-    from torch._subclasses.fake_tensor import FakeTensor
-    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+    from .._core.torch_fake import FakeTensor
+    from .._core.torch_fake import is_traceable_wrapper_subclass
 
     if isinstance(real, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return "the example input is symbolic"
@@ -406,9 +408,9 @@ def _mismatch(ref, out) -> Optional[str]:
     reach, not to each element (near a cancellation an element's own relative error is unbounded); a wrong
     replacement (another formula, scale, axis) is off by a fraction of those magnitudes. NaN in both, or the
     same infinity, is equal. Other outputs must be equal."""
-    from torch.utils._pytree import tree_leaves
+    from .._core.torch_dispatcher import pytree
 
-    refs, outs = tree_leaves(ref), tree_leaves(out)
+    refs, outs = pytree.tree_leaves(ref), pytree.tree_leaves(out)
     if len(refs) != len(outs):
         return f"{len(outs)} outputs instead of {len(refs)}"
     for i, (r, o) in enumerate(zip(refs, outs)):
@@ -479,7 +481,7 @@ class _Verifier:
             for node in graph.nodes:
                 if node not in before and node.meta.get("stack_trace"):
                     sites.setdefault(_site(node), None)
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
+        from .._core.torch_fake import unset_fake_temporarily
 
         try:
             with torch.no_grad(), unset_fake_temporarily(), _same_random_numbers(self.inputs):
@@ -498,10 +500,10 @@ def _verified(graph: torch.fx.Graph, opts, inputs, stats, redundant: bool):
     """(opts, redundant) to fuse the graph with: ``opts`` without the families that changed the result of a fused
     copy of the graph on ``inputs``. The graph itself is not touched here, so it is fused once, with the families
     that passed: never half-fused."""
-    from fusegraph.graph.ranks import agree_any, group_for_graph
+    from .._core.ranks import agree_any, group_for_graph
 
     # A graph with collectives runs them in each verifier run: every rank must run as many, and undo the same
-    # families, whatever its own data says (fusegraph/graph/ranks.py). None: single process, nothing exchanged.
+    # families, whatever its own data says (fusegraph/_core/ranks.py). None: single process, nothing exchanged.
     group = group_for_graph(graph)
     verifier = _Verifier(graph, inputs, redundant)
     ref, _, _ = verifier.run()
@@ -545,7 +547,7 @@ def _verified(graph: torch.fx.Graph, opts, inputs, stats, redundant: bool):
 
 
 def _differs(ref, out) -> Optional[str]:
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from .._core.torch_fake import unset_fake_temporarily
 
     if isinstance(out, Exception):
         return f"the fused graph raised {type(out).__name__}: {out}"
@@ -621,3 +623,25 @@ def fuse_graph(gm_or_graph, config=None, *, stats=None, graph_log: Optional[Grap
     if stats is not None:
         stats.add_patterns(counts)
     return counts
+
+
+def ship_patterns(argv=None) -> int:
+    """The build step (``make build``): every family's search patterns traced with the default options and written
+    to the package's file (``traced.SHIPPED``). ``--if-stale``: only when that file is missing or was traced from
+    other sources or another torch."""
+    import sys
+
+    from ..config import FusionPatterns
+
+    argv = sys.argv[1:] if argv is None else argv
+    if "--if-stale" in argv and traced.shipped_is_current():
+        print(f"fusegraph: {traced.SHIPPED} is current")
+        return 0
+
+    def register_all():
+        opts = FusionPatterns()
+        for family in FAMILY_NAMES:
+            pattern_pass(family, opts)
+
+    print(f"fusegraph: {traced.ship(register_all)} traced search patterns written to {traced.SHIPPED}")
+    return 0

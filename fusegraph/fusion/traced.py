@@ -19,9 +19,9 @@ search patterns pre-traced (``torch/_inductor/fx_passes/serialized_patterns``); 
   pattern, and traces the replacement then — the matching is exactly the uncached one.
 - The entries are keyed by ``source_key()``: the pattern families' sources, this module, ``passes.py`` (the
   decompositions) and torch's version. Files: the one ``make build`` writes into the package
-  (``traced_patterns.json``, every family with its default options: ``traced.main``) and one
-  per user next to Inductor's cache (``fusegraph_patterns/<key>.json``, other options), both read through
-  ``_verdicts.read_json`` (a bad file is ignored with a warning, never a failed compile).
+  (``traced_patterns.json``, every family with its default options: ``passes.ship_patterns``, run by ``make build``) and one
+  per user next to Inductor's cache (``<inductor cache>/fusegraph/patterns/<key>.json``, other options), both read through
+  ``_core.cache.read_json`` (a bad file is ignored with a warning, never a failed compile).
 """
 from __future__ import annotations
 
@@ -37,10 +37,12 @@ import types
 from typing import Optional
 
 import torch
-from torch._inductor import pattern_matcher as _pm
 from torch.fx.immutable_collections import immutable_list
 
-from .._verdicts import read_json
+from .._core import cache
+from .._core.cache import read_json
+from .._core.torch_dispatcher import OpOverload
+from .._core.torch_pattern_matcher import module as _pm
 
 VERSION = 1
 SHIPPED = os.path.join(os.path.dirname(__file__), "traced_patterns.json")
@@ -52,21 +54,18 @@ _new: dict = {}  # entries traced in this process, not yet written
 
 @functools.lru_cache(maxsize=None)
 def source_key() -> str:
-    from torch._inductor.custom_graph_pass import get_hash_for_files
+    from .._core.torch_inductor import get_hash_for_files
 
-    from . import passes, patterns
-
-    folder = os.path.dirname(patterns.__file__)
+    here = os.path.dirname(__file__)
+    folder = os.path.join(here, "patterns")
     files = [os.path.join(folder, f) for f in sorted(os.listdir(folder)) if f.endswith(".py")]
-    files += [passes.__file__, __file__]
+    files += [os.path.join(here, "passes.py"), __file__]
     digest = get_hash_for_files(tuple(files)).hex()
     return hashlib.sha256(repr((digest, torch.__version__, VERSION)).encode()).hexdigest()[:32]
 
 
 def user_path() -> str:
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-    return os.path.join(cache_dir(), "fusegraph_patterns", f"{source_key()}.json")
+    return cache.path("patterns", f"{source_key()}.json")
 
 
 def _check(data) -> dict:
@@ -109,7 +108,7 @@ def _encode(pattern) -> dict:
             return {type(v).__name__: [value(x) for x in v]}
         if type(v) is dict and all(isinstance(k, str) for k in v):
             return {"dict": {k: value(x) for k, x in v.items()}}
-        if isinstance(v, torch._ops.OpOverload):
+        if isinstance(v, OpOverload):
             return {"op": [v.namespace, v._schema.name.split("::")[-1], v._overloadname]}
         if isinstance(v, (torch.dtype, torch.layout, torch.memory_format)):
             return {"torch": str(v).split(".")[-1]}
@@ -287,18 +286,14 @@ def flush() -> None:
             pass
 
 
-def ship() -> int:
-    """Registers every family with its default options, traced afresh, and writes the package's file."""
+def ship(register_all) -> int:
+    """Runs ``register_all()`` (which registers every family with its default options) with nothing cached, so each
+    pattern is traced afresh, and writes what was traced to the package's file."""
     global _entries
-    from ..config import FusionPatterns
-    from . import passes
-
     with _lock:
         _entries = {}
         _new.clear()
-    opts = FusionPatterns()
-    for family in passes.FAMILY_NAMES:
-        passes.pattern_pass(family, opts)
+    register_all()
     with _lock:
         entries = dict(_entries)
     _write(SHIPPED, entries)
@@ -307,15 +302,3 @@ def ship() -> int:
 
 def shipped_is_current() -> bool:
     return bool(read_json(SHIPPED, lambda data: data["key"] == source_key()))
-
-
-def main(argv=None) -> int:
-    """``--if-stale``: only when the package's file is missing or was traced from other sources or torch."""
-    import sys
-
-    argv = sys.argv[1:] if argv is None else argv
-    if "--if-stale" in argv and shipped_is_current():
-        print(f"fusegraph: {SHIPPED} is current")
-    else:
-        print(f"fusegraph: {ship()} traced search patterns written to {SHIPPED}")
-    return 0

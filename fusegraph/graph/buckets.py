@@ -81,7 +81,9 @@ import bisect
 import logging
 
 import torch
-from torch.utils import _pytree as pytree
+
+from .._core.torch_dispatcher import OpOverload, pytree, single_overload
+from .._core.torch_dynamo import capture_lock, fx_tracing_window
 
 _log = logging.getLogger("fusegraph.graph")
 
@@ -342,7 +344,6 @@ class _RowCheck:
 
     def run(self):
         """The node tags; raises _Refused."""
-        from .host import single_overload
 
         for n in self.gm.graph.nodes:
             if n.op == "placeholder":
@@ -584,7 +585,7 @@ class _RowCheck:
                                    "write the padded copy)")
         # the functional form's rule; the written tensor must already be batched alike
         functional = getattr(getattr(torch.ops.aten, name.rstrip("_"), None), op._overloadname or "default", None)
-        if isinstance(functional, torch._ops.OpOverload) and not functional._schema.is_mutable:
+        if isinstance(functional, OpOverload) and not functional._schema.is_mutable:
             tag = self._op(n, functional)
         else:
             tag = None if all(t is None for t in tags.values()) else _Mix(f"{what} has no row rule")
@@ -651,7 +652,7 @@ class _BucketsOff(Exception):
 def _trace_symbolic(flat_fn, tensors, batched):
     """``flat_fn`` traced by make_fx on fake copies of ``tensors`` whose dim 0 is one symbol where ``batched``
     (every other size static): (graph, its ShapeEnv, the symbol). No data is read or written."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    from .._core.torch_fake import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
@@ -906,9 +907,8 @@ class BatchBuckets:
         raise _BucketsOff(why)
 
     def _rows_why(self, leaves, in_spec, args, kwargs, b, sizes):
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
+        from .._core.torch_fake import unset_fake_temporarily
 
-        from .runner import capture_lock, fx_tracing_window
 
         tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
         if self.batch_args is None:

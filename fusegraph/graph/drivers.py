@@ -23,6 +23,9 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import _C
+from .._core.measure import paired_medians
+from .._core.ranks import COLLECTIVE_NAMESPACES
+from .._core.torch_dispatcher import foreach_copy_
 
 from .host import Unsupported, build_host_graph, trace_aten
 
@@ -92,32 +95,25 @@ class HostDriver:
         return Capture(graph, [], graph.constant_bytes, info=info)
 
 
-# The fused host graph is kept unless the plain trace replays this much faster (the minimum of a few
-# interleaved replays each): fusion decomposes what it cannot fuse (a plain LayerNorm, say) into the ops the
+# The fused host graph is kept unless the plain trace replays this much faster (the median of a few
+# interleaved replays each, after one warm-up): fusion decomposes what it cannot fuse (a plain LayerNorm, say) into the ops the
 # patterns are written against, which replays slower op by op than the native kernel.
 PLAIN_FASTER_BY = 0.10
-_COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d_functional", "_dtensor")
 _TIMED_REPLAYS = 3
 
 
 def _faster(fused_gm, fused, plain_gm, work):
     """(gm, host graph, "fused" | "plain"): the faster of the fused and the plain host graph on ``work``."""
-    import time
-
-    if any(n.op == "call_function" and getattr(n.target, "namespace", "") in _COLLECTIVE_NAMESPACES
+    if any(n.op == "call_function" and getattr(n.target, "namespace", "") in COLLECTIVE_NAMESPACES
            for n in fused_gm.graph.nodes):
         return fused_gm, fused, "fused"  # timed replays would run its collectives: the other ranks must not differ
     try:
         plain = build_host_graph(plain_gm)
     except Unsupported:
         return fused_gm, fused, "fused"
-    best = {"fused": float("inf"), "plain": float("inf")}
-    for round_ in range(_TIMED_REPLAYS + 1):  # round 0 warms both up (allocator, caches) untimed
-        for name, g in (("fused", fused), ("plain", plain)):
-            t0 = time.perf_counter()
-            g.run(list(work))
-            if round_:
-                best[name] = min(best[name], time.perf_counter() - t0)
+    t_fused, t_plain = paired_medians([lambda: fused.run(list(work)), lambda: plain.run(list(work))],
+                                      min_time=0, rounds=_TIMED_REPLAYS)
+    best = {"fused": t_fused, "plain": t_plain}
     if best["plain"] < best["fused"] * (1 - PLAIN_FASTER_BY):
         _log.info("fusegraph: the unfused host graph replays faster (%.1f us vs %.1f us fused): capturing it",
                   best["plain"] * 1e6, best["fused"] * 1e6)
@@ -213,7 +209,7 @@ class _CopyStream:
         self.stream.wait_event(compute.record_event())  # the sources were produced on the compute stream
         with self.mod.stream(self.stream):
             for dsts, srcs in zip(dst_groups, src_groups):
-                torch._foreach_copy_(dsts, srcs)
+                foreach_copy_(dsts, srcs)
         compute.wait_event(self.stream.record_event())
 
 

@@ -14,9 +14,10 @@ import operator
 
 import torch
 import torch.fx
-from torch.utils import _pytree as pytree
 
 from .. import _C
+from .._core.torch_dispatcher import pytree, single_overload
+from .._core.torch_fake import FakeTensorMode
 
 ValueRef = _C.graph.ValueRef
 HostGraph = _C.graph.HostGraph
@@ -43,7 +44,7 @@ def trace_fused(fn, tensors, fusion_patterns, *, verify=False):
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-    from fusegraph.fusion import passes
+    from ..fusion import passes
 
     plain = trace_aten(fn, tensors)
     with torch.no_grad():
@@ -51,23 +52,11 @@ def trace_fused(fn, tensors, fusion_patterns, *, verify=False):
                      decomposition_table=passes.decompositions())(*tensors)
         # one fake mode for every node's "val" (the patterns' checks compare them; make_fx's real mode makes one
         # fake mode per node)
-        mode = torch._subclasses.FakeTensorMode(allow_non_fake_inputs=True)
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
         FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*[mode.from_tensor(t) for t in tensors])
     counts = passes.fuse_graph(gm, fusion_patterns, stats=None, verify_inputs=list(tensors) if verify else None,
                                reshape_views=True)
     return (gm if any(counts.values()) else None), counts, plain
-
-
-def single_overload(target):
-    """The OpOverload a call_function target names: itself, or the only overload of a packet (freezing's
-    weight-packing passes insert packets such as ``mkl._mkl_linear``); None for anything else."""
-    if isinstance(target, torch._ops.OpOverload):
-        return target
-    if isinstance(target, torch._ops.OpOverloadPacket):
-        names = target.overloads()
-        if len(names) == 1:
-            return getattr(target, names[0])
-    return None
 
 
 def build_host_graph(gm: torch.fx.GraphModule) -> HostGraph:

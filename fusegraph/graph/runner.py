@@ -36,23 +36,22 @@ The backend's graph routes call ``compile_graph_route(gm, example_inputs, config
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import threading
 import time
 
 import torch
-from torch._subclasses.fake_tensor import unset_fake_temporarily
-from torch.utils import _pytree as pytree
 
 from .. import _C
+from .._core import ranks
+from .._core.torch_dispatcher import disabled_torch_function_impl, internal_overlap, pytree, single_overload
+from .._core.torch_dynamo import capture_lock, fx_tracing_window
+from .._core.torch_fake import FakeTensor, unset_fake_temporarily
 from ..stats import Stats
 
-from . import ranks
 from .buckets import _BucketsOff, graph_route_batch, make_buckets
 from .drivers import select_driver, static_buffers
-from .host import single_overload
 from .options import GraphOptions
 
 _log = logging.getLogger("fusegraph.graph")
@@ -63,53 +62,6 @@ _OUTPUT_TYPES = (torch.Tensor, int, float, bool, str, type(None))  # what a capt
 # Past this many captured graphs for one non-tensor argument position, warn once (a value that changes on
 # every call, such as a float timestep, captures a graph per value).
 VALUES_PER_POSITION_WARNING = 8
-
-
-def capture_lock():
-    """Captures are serialised process-wide, with Dynamo's own compile lock: make_fx patches
-    ``torch.nn.Module.__call__``/``__getattr__`` for the whole process while it traces, which must not overlap
-    another thread's trace or a Dynamo compile; a CUDA/NPU graph capture likewise wants no other capture."""
-    global _CAPTURE_LOCK
-    if _CAPTURE_LOCK is None:
-        try:
-            from torch._dynamo.convert_frame import compile_lock
-        except ImportError:  # pragma: no cover - older torch
-            compile_lock = threading.RLock()
-        _CAPTURE_LOCK = compile_lock
-    return _CAPTURE_LOCK
-
-
-_CAPTURE_LOCK = None
-
-
-@contextlib.contextmanager
-def fx_tracing_window(kind: str):
-    """While this thread traces with FX (make_fx in a host capture; aot_autograd and the pattern matcher's
-    replacements in a compile), ``torch.fx``'s tracing flag is set for the whole process and
-    ``torch.nn.Module.__call__`` is patched, and Dynamo makes a compiled function that *another* thread calls
-    meanwhile raise ("Detected that you are using FX to symbolically trace a dynamo-optimized function").
-    For the window, Dynamo's ``force_compile_during_fx_trace`` is made the process default, so other threads'
-    compiled calls run as compiled (the patched ``__call__`` just calls ``forward``). Its per-thread setting
-    (a user's ``torch._dynamo.config`` assignment) still wins in each thread; in this thread a capture
-    (``kind="capture"``: a user function, which may call compiled functions itself) runs such calls as their
-    original Python, which the trace records, instead of compiling inside the trace. Windows are taken under
-    the capture lock (Dynamo's compile lock), so they never interleave."""
-    entries = getattr(torch._dynamo.config, "_config", {})
-    force, nested = entries.get("force_compile_during_fx_trace"), entries.get("error_on_nested_fx_trace")
-    if not all(hasattr(e, "default") and hasattr(e, "user_override") for e in (force, nested)):
-        yield  # pragma: no cover - another torch's config layout: nothing to adjust
-        return
-    saved_default = force.default
-    tokens = []
-    if kind == "capture":  # this thread only (ContextVar), restored exactly with the tokens
-        tokens = [(force, force.user_override.set(False)), (nested, nested.user_override.set(False))]
-    force.default = True
-    try:
-        yield
-    finally:
-        force.default = saved_default
-        for entry, token in reversed(tokens):
-            entry.user_override.reset(token)
 
 
 class _Uncapturable(Exception):
@@ -348,7 +300,7 @@ class GraphRunner:
             o = GraphOptions(**{**o.__dict__, "graph_lazy_capture": lazy})
         # Static buffers must be plain dense tensors whatever the first caller passed: an input whose elements
         # overlap (an expanded, stride-0 view) is captured on a dense copy, so later inputs can be copied in.
-        dense = [t.contiguous() if torch._debug_has_internal_overlap(t) != 0 else t for t in tensors]
+        dense = [t.contiguous() if internal_overlap(t) != 0 else t for t in tensors]
         if any(d is not t for d, t in zip(dense, tensors)):
             it = iter(dense)
             leaves = [next(it) if isinstance(x, torch.Tensor) else x for x in leaves]
@@ -512,7 +464,7 @@ def _list_outputs(gm):
 def _overrides_torch_function(cls) -> bool:
     """A tensor subclass whose __torch_function__ or __torch_dispatch__ adds behaviour a graph would drop."""
     tf = getattr(cls, "__torch_function__", None)
-    plain_tf = (torch.Tensor.__torch_function__, torch._C._disabled_torch_function_impl)
+    plain_tf = (torch.Tensor.__torch_function__, disabled_torch_function_impl)
     tf = getattr(tf, "__func__", tf)
     if tf not in tuple(getattr(f, "__func__", f) for f in plain_tf):
         return True
@@ -602,7 +554,7 @@ def compile_graph_route(gm, example_inputs, config=None, stats: Stats | None = N
     runner = GraphRunner(gm, options, stats=stats, name=getattr(gm, "_get_name", lambda: "graph")(),
                          guard_weights=False, batch_args=batch)
     real = [t for t in example_inputs if isinstance(t, torch.Tensor)]
-    fake = any(isinstance(t, torch._subclasses.FakeTensor) for t in real)
+    fake = any(isinstance(t, FakeTensor) for t in real)
     if not runner.options.graph_lazy_capture and not fake and example_inputs is not None:
         runner.capture(*example_inputs, lazy=False)
     return runner

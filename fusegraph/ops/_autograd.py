@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from .._core.torch_dispatcher import AutoDispatchBelowAutograd
+
 
 def compute_dtype(*tensors_or_dtypes) -> torch.dtype:
     """float64 when any given tensor (or dtype) is float64, else float32 (the ops' math dtype). None is skipped."""
@@ -76,7 +78,7 @@ def register(qualname: str, backward, *, setup_context) -> None:
 
     def forward(*inputs):
         *args, kw = inputs
-        with torch._C._AutoDispatchBelowAutograd():
+        with AutoDispatchBelowAutograd():
             return op(*args, **kw.values)
 
     def setup(ctx, inputs, output):
@@ -99,8 +101,10 @@ def register(qualname: str, backward, *, setup_context) -> None:
 
 def apply(name: str, overload: str, args: list):
     """Runs the op ``name.overload`` on every argument of its schema (in order) with autograd."""
-    if (name, overload) not in _FUNCTIONS:  # the op modules register on import
-        from .. import ops  # noqa: F401
-    function, positional, kw_names = _FUNCTIONS[(name, overload)]
+    # The op modules register on import; importing this module imports the package fusegraph.ops, and so all of them.
+    try:
+        function, positional, kw_names = _FUNCTIONS[(name, overload)]
+    except KeyError:
+        raise RuntimeError(f"fusegraph: no gradient formula is registered for fusegraph::{name}.{overload}") from None
     kw = _KeywordOnly(dict(zip(kw_names, args[positional:])))
     return function.apply(*args[:positional], kw)

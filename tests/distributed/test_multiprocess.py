@@ -131,7 +131,7 @@ def test_single_process_takes_no_rank_decisions():
 
 
 def test_collective_groups_of_a_graph():
-    from fusegraph.graph import ranks
+    from fusegraph._core import ranks
 
     graph = torch.fx.Graph()
     x = graph.placeholder("x")
@@ -147,7 +147,7 @@ def test_collective_groups_of_a_graph():
 
 
 def test_signature_hash_ignores_device_index_and_addresses():
-    from fusegraph.graph import ranks
+    from fusegraph._core import ranks
 
     a = "(tensor(shape=[2], dtype=Float, device=cuda:0), Linear@0x7f00aa)"
     b = "(tensor(shape=[2], dtype=Float, device=cuda:1), Linear@0x7f00bb)"

@@ -454,7 +454,7 @@ def exchange_under_fake_mode():
     the collective would leave this rank's own flags (or pair different collectives and hang)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from fusegraph.graph import ranks
+    from fusegraph._core import ranks
 
     group = torch.distributed.group.WORLD
     with FakeTensorMode(allow_non_fake_inputs=True):

@@ -7,7 +7,7 @@ import logging
 import pytest
 from torch._inductor import pattern_matcher as pm
 
-from fusegraph import _verdicts
+from fusegraph._core import cache
 from fusegraph.config import FusionPatterns
 from fusegraph.fusion import passes, traced
 
@@ -20,7 +20,7 @@ def files(tmp_path, monkeypatch):
     monkeypatch.setattr(traced, "_entries", None)
     monkeypatch.setattr(traced, "_new", {})
     monkeypatch.setattr(passes, "_passes", {})
-    monkeypatch.setattr(_verdicts, "_warned", set())
+    monkeypatch.setattr(cache, "_warned", set())
     return paths
 
 

@@ -4,7 +4,7 @@ Freezing folds the parameters themselves (aliases, never copies) into the compil
 base weights in place — by hand (``w.data += B @ A * scale``) or by peft's hotswap (``.data.copy_`` of the LoRA
 factors) — is read by the next call with no compile of any kind. Workflows that change the module structure
 (adding, activating, fusing, deleting adapters) make Dynamo re-compile; their results are asserted and what each
-step costs is printed (``pytest -s``); docs/RECIPES.md §3 tabulates them. The fast tier (``make test``) runs the
+step costs is printed (``pytest -s``); docs/GUIDE.md §2.3 tabulates them. The fast tier (``make test``) runs the
 in-place steps on the frozen graph route and the safe fuse; ``make test-pipelines`` the adapter workflow and
 every route.
 

@@ -1,9 +1,9 @@
-"""Warm start across processes (the recipe in docs/RECIPES.md): fusegraph's default route compiles through
+"""Warm start across processes (the recipe in docs/GUIDE.md §2.5): fusegraph's default route compiles through
 Inductor, so PyTorch's own caches carry it. A second process with the same ``TORCHINDUCTOR_CACHE_DIR`` is served
 from Inductor's FX graph cache; ``torch.compiler.save_cache_artifacts()`` in one process and
 ``load_cache_artifacts()`` in another with an empty cache directory (another machine, a container) gives the same
 FX graph cache hit. fusegraph keeps no cache of its own that a warm start needs (its per-graph report of what was
-fused lives in the Inductor cache directory, ``fusegraph_counts``; without it the counts are unknown, nothing
+fused lives in the Inductor cache directory, ``fusegraph/counts``; without it the counts are unknown, nothing
 else changes). Each process is a fresh interpreter (subprocess)."""
 import json
 import os

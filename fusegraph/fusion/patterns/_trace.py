@@ -9,14 +9,14 @@ decompositions, then that graph again under ``torch.func.functionalize``, then t
 from __future__ import annotations
 
 import torch
-from torch._dispatch.python import enable_python_dispatcher
-from torch._inductor.decomposition import select_decomp_table
+from ..._core.torch_fake import enable_python_dispatcher
+from ..._core.torch_inductor import select_decomp_table
 from torch.fx.experimental.proxy_tensor import make_fx
 
 
 def fwd_functional(fn, args, *, get_decomp_fn=select_decomp_table, **_):
     """Drop-in ``trace_fn`` for ``register_replacement`` (accepts the newer ``get_decomp_fn`` keyword)."""
-    from torch._inductor.fx_passes.post_grad import remove_noop_ops
+    from ..._core.torch_inductor import remove_noop_ops
 
     with enable_python_dispatcher():
         decomposed = make_fx(fn, get_decomp_fn(), tracing_mode="real")(*args)

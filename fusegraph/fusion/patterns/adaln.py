@@ -40,7 +40,7 @@ import functools
 
 import torch
 import torch.nn.functional as F
-from torch._inductor.pattern_matcher import Match, PatternMatcherPass, register_replacement
+from ..._core.torch_pattern_matcher import Match, PatternMatcherPass, register_replacement
 
 from ._prepare import prepare_before, split_shared_casts, split_shared_factors
 from ._trace import fwd_functional
@@ -221,7 +221,7 @@ def _over_last_dim(var_mean: torch.fx.Node) -> bool:
 
 def _refresh_vals(nodes) -> None:
     """Recomputes ``meta["val"]`` of ``nodes`` (in graph order) from their inputs' fake values."""
-    from torch._guards import detect_fake_mode
+    from ..._core.torch_fake import detect_fake_mode
 
     def fake(a):
         return a.meta["val"] if isinstance(a, torch.fx.Node) else a

@@ -36,7 +36,7 @@ import functools
 
 import torch
 import torch.nn.functional as F
-from torch._inductor.pattern_matcher import PatternMatcherPass, register_replacement
+from ..._core.torch_pattern_matcher import PatternMatcherPass, register_replacement
 
 from ._prepare import prepare_before, split_shared_casts, split_shared_factors
 from .adaln import hoist_norm_views, unshare_norms

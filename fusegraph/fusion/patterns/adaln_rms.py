@@ -33,7 +33,7 @@ from __future__ import annotations
 import functools
 
 import torch
-from torch._inductor.pattern_matcher import Match, PatternMatcherPass, register_replacement
+from ..._core.torch_pattern_matcher import Match, PatternMatcherPass, register_replacement
 
 from ...ops.rms_norm import rms_norm_out_dtype
 from ._prepare import prepare_before, split_shared_factors

@@ -10,7 +10,7 @@ The constants are GELU's own (not user scalars), so they stay in the pattern.
 """
 import torch
 import torch.nn.functional as F
-from torch._inductor.pattern_matcher import fwd_only, register_replacement
+from ..._core.torch_pattern_matcher import fwd_only, register_replacement
 
 # Reduced-precision patterns first: their root (the cast back) comes after the float32 chain they contain.
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)

@@ -9,7 +9,7 @@ MKL's own gemv pays the same. ``W`` is what a ``Linear``'s ``t(weight)`` decompo
 or, after freezing, the folded constant with the same strides.
 """
 import torch
-from torch._inductor.pattern_matcher import CallFunction, KeywordArg, register_graph_pattern
+from ..._core.torch_pattern_matcher import CallFunction, KeywordArg, register_graph_pattern
 
 aten = torch.ops.aten
 
@@ -96,7 +96,7 @@ def replace(node, x, w, bias, op=None):
             weight.meta["val"] = _val(w).permute(1, 0)
             weight.meta.update({k: node.meta[k] for k in ("stack_trace",) if k in node.meta})
         new = graph.call_function(op, (x, weight) + ((bias,) if bias is not None else ()))
-    from torch._subclasses.fake_tensor import FakeTensor
+    from ..._core.torch_fake import FakeTensor
 
     wv = _val(weight)
     if isinstance(wv, FakeTensor):

@@ -12,7 +12,7 @@ query of a longer key sequence is not what a decode step means), with the cache 
 import operator
 
 import torch
-from torch._inductor.pattern_matcher import CallFunction, KeywordArg, register_graph_pattern
+from ..._core.torch_pattern_matcher import CallFunction, KeywordArg, register_graph_pattern
 
 aten = torch.ops.aten
 
@@ -98,7 +98,7 @@ def _replace(match, *args, **kwargs):
     node.meta.update({k: v for k, v in sdpa.meta.items() if k in ("stack_trace", "nn_module_stack", "source_fn_stack")})
     val = _val(getitem)
     if isinstance(val, torch.Tensor):
-        from torch._subclasses.fake_tensor import FakeTensor
+        from ..._core.torch_fake import FakeTensor
 
         fake = [_val(n) for n in (q, kc, kn, vc, vn)]
         if all(isinstance(f, FakeTensor) for f in fake):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 
 import torch
-from torch._inductor.pattern_matcher import CallFunction, KeywordArg, register_graph_pattern
+from ..._core.torch_pattern_matcher import CallFunction, KeywordArg, register_graph_pattern
 
 from . import gemv
 

@@ -14,7 +14,7 @@ import logging
 import numbers
 
 import torch
-from torch._inductor.pattern_matcher import fwd_only, register_replacement
+from ..._core.torch_pattern_matcher import fwd_only, register_replacement
 
 log = logging.getLogger("fusegraph")
 _FLOAT = (torch.float32, torch.bfloat16, torch.float16)

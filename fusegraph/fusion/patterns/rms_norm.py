@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 
 import torch
-from torch._inductor.pattern_matcher import Match, PatternMatcherPass, register_replacement
+from ..._core.torch_pattern_matcher import Match, PatternMatcherPass, register_replacement
 
 from ._prepare import prepare_before, split_shared_casts, split_shared_rms_cores
 from ._trace import fwd_functional

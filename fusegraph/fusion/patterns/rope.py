@@ -23,8 +23,8 @@ Source forms:
   interleaved RoPE with per-pair tables (``[S, H, D/2]`` for x ``[B, S, H, D]`` after ``unflatten(2, (heads,
   -1))``): ``rope(x, pairwise(freqs_cos), pairwise(freqs_sin), interleaved=True)``, the tables repeated into
   both positions of each pair as broadcast views. In fp32 the casts are no-ops and leave the graph; with
-  bf16 / fp16 x both results are rounded to x's dtype once, as the op rounds. Before, the rope family had no
-  such form and the mul_add family fused one of its two ``x * c ± y * s`` halves.
+  bf16 / fp16 x both results are rounded to x's dtype once, as the op rounds. Without this form the mul_add family
+  would fuse one of its two ``x * c ± y * s`` halves.
 * the complex form, ``apply_rotary_emb(x, freqs_cis, use_real=False)`` (Lumina2) and the copies in Z-Image and
   QwenImage (``apply_rotary_emb_qwen(use_real=False)``): ``view_as_complex(x.float().reshape(..., -1, 2)) *
   freqs`` → ``view_as_real`` → flatten → ``type_as(x)``. The complex product is interleaved RoPE with
@@ -92,16 +92,16 @@ refuses a match whose inner nodes have users outside it, and q's and k's RoPE co
 Before matching, each RoPE instance gets its own copy again: Wan's strided table slices and ``empty_like``
 buffer (:func:`split_shared_rope_inputs`; a strided slice read by products that are no Wan table use —
 Mochi's fp32 ``x[..., 0::2]``, read by ``* freqs_cos`` and ``* freqs_sin`` — is left whole: a copy per
-product used to block Mochi's match in fp32); HiDream's ``freqs_cis[..., 0]`` / ``[..., 1]`` selects and LTX2
+product would block Mochi's match in fp32); HiDream's ``freqs_cis[..., 0]`` / ``[..., 1]`` selects and LTX2
 split's ``cos.unsqueeze(-2)``, ``sin.unsqueeze(-2)`` and ``-sin_u`` (:func:`split_shared_table_ops`, users
 grouped by the x they combine the table with). Views, selects and table-sized negations: cheap (Inductor
 re-merges copies that stay unfused; the aten route keeps them, a table-sized negation at most).
 
-Why these forms were missed before: the complex and HiDream forms are other op chains; LTX's ``unflatten``
-traces to a view with the pair count spelled out (``reshape(..., -1, 2)`` keeps the -1), and a rank-3 x was
-refused (the op is rank 4). A form traced at rank 4 used to be re-traced on LTX's rank-3 x by the matcher,
-which failed loudly (error-level "Attempting to broadcast a dimension" tracebacks from fake tensors); the
-checks now run before that re-trace, at the rank each form was traced with, so a refusal is silent.
+Why these forms are separate: the complex and HiDream forms are other op chains; LTX's ``unflatten`` traces to a
+view with the pair count spelled out (``reshape(..., -1, 2)`` keeps the -1), and x may be rank 3 (the op is rank
+4). The checks run before the matcher's re-trace, at the rank each form was traced with, so a form traced at rank 4
+is refused silently on a rank-3 x (the matcher's re-trace would fail with error-level "Attempting to broadcast a
+dimension" tracebacks from fake tensors).
 
 Dims, slice steps and dtypes are re-checked exactly on every match (``register_replacement`` re-traces the
 search function on the matched shapes), so ``stack([x_real, -x_imag])`` or a slice from 1 where 0 is due
@@ -113,7 +113,7 @@ import functools
 import operator
 
 import torch
-from torch._inductor.pattern_matcher import Match, PatternMatcherPass, register_replacement
+from ..._core.torch_pattern_matcher import Match, PatternMatcherPass, register_replacement
 
 from ._prepare import depends_on, give_copies, prepare_before, split_shared_casts
 from ._trace import fwd_functional, fwd_functional_reshape

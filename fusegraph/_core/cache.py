@@ -1,6 +1,10 @@
-"""fusegraph's files next to Inductor's cache, read so that no file can fail a compile (``read_json``), and a
-measured verdict per key kept in memory and in such a file (the way Inductor's autotuning keeps its timings): the
-conv-packing verdicts (``fusegraph.packing``, with ``pack_weights=True``)."""
+"""fusegraph's files, all in one folder of Inductor's cache (``path``: ``<inductor cache>/fusegraph/``), read so that
+no file can fail a compile (``read_json``), and a measured verdict per key kept in memory and in such a file (the
+way Inductor's autotuning keeps its timings: ``VerdictFile``).
+
+What lives there: ``cost_v<N>.json`` (the calibrated cost table, ``bench calibrate``), ``packing/conv_v<N>.json``
+(the conv-packing verdicts, ``pack_weights=True`` only), ``counts/<key>.json`` (what each compiled graph fused, for
+FX-graph-cache hits) and ``patterns/<key>.json`` (search patterns traced for non-default options)."""
 from __future__ import annotations
 
 import json
@@ -10,6 +14,13 @@ import threading
 from typing import Callable, Optional
 
 log = logging.getLogger("fusegraph")
+
+def path(*parts: str) -> str:
+    """``<inductor cache>/fusegraph/<parts...>``: the one folder fusegraph writes."""
+    from .torch_inductor import cache_dir
+
+    return os.path.join(cache_dir(), "fusegraph", *parts)
+
 
 _warned: set = set()  # paths already warned about in this process
 _warned_lock = threading.Lock()

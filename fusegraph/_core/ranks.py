@@ -26,8 +26,9 @@ things the others do not), and a single process pays nothing: no check runs at a
 arbitrary Python function cannot be inspected before it runs: it agrees over the default group when distributed
 is initialised (``process_group="auto"``), unless given ``process_group=None`` (rank-local) or a group.
 
-These checks run only when a signature is new (a capture), never on a replay: the replay path stays free of host
-synchronisation. Rank-local events a runtime cannot see coming (a rank replacing its weights alone) are the
+The capture agreements run only when a signature is new (a capture). On a replay the only exchange is the signature
+comparison of ``graph_rank_check="call"`` (the default): one all_reduce of two int64 and a host read of it; with
+``"capture"`` a replay exchanges nothing and makes no host synchronisation. Rank-local events a runtime cannot see coming (a rank replacing its weights alone) are the
 program's to keep in step, exactly as in eager mode.
 """
 from __future__ import annotations
@@ -38,7 +39,11 @@ import re
 
 import torch
 
-_COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d_functional", "c10d", "_dtensor")
+from .torch_dispatcher import single_overload
+from .torch_distributed import resolve_process_group
+from .torch_fake import disable_current_modes
+
+COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d_functional", "c10d", "_dtensor")
 
 
 def distributed_world() -> bool:
@@ -50,13 +55,11 @@ def distributed_world() -> bool:
 def collective_groups(gm) -> list | None:
     """The group names the collectives of an FX graph use (``[]``: none; ``None``: collectives whose group cannot
     be read, e.g. the in-place ``c10d`` ops that take a ProcessGroup object)."""
-    from .host import single_overload
-
     graph = gm.graph if isinstance(gm, torch.fx.GraphModule) else gm
     names, unknown = set(), False
     for n in graph.nodes:
         op = single_overload(n.target) if n.op == "call_function" else None
-        if op is None or op._schema.name.split("::", 1)[0] not in _COLLECTIVE_NAMESPACES:
+        if op is None or op._schema.name.split("::", 1)[0] not in COLLECTIVE_NAMESPACES:
             continue
         if op._schema.name.endswith("::wait_tensor"):
             continue
@@ -79,9 +82,7 @@ def group_for_graph(gm):
         return None
     if names and len(names) == 1:
         try:
-            from torch.distributed.distributed_c10d import _resolve_process_group
-
-            return _resolve_process_group(names[0])
+            return resolve_process_group(names[0])
         except Exception:  # an unregistered name: the default group is a safe superset
             pass
     return torch.distributed.group.WORLD
@@ -105,12 +106,10 @@ def _outside_modes(fn):
     """Runs an exchange with every Python dispatch mode popped (restored after). The aten route fuses, and so
     verifies, inside aot_autograd's fake mode: an agreement tensor made there is fake, and the fake mode either
     skips the collective (no communication: this rank falls a collective behind) or, for a one-element constant,
-    runs it for real; the ranks then pair different collectives and hang (seen in CI, verify on 2 gloo ranks)."""
+    runs it for real; the ranks then pair different collectives and hang."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from torch.utils._python_dispatch import _disable_current_modes
-
-        with _disable_current_modes():
+        with disable_current_modes():
             return fn(*args, **kwargs)
 
     return wrapper

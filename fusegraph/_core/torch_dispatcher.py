@@ -1,0 +1,38 @@
+"""Adaptor for the dispatcher's Python face: ``torch._ops`` (op overloads), ``torch._C`` (schema types, the
+autograd guard, the tensor ``data`` descriptor), ``torch._library``, the private ops fusegraph calls
+(``torch._foreach_copy_``, ``torch._debug_has_internal_overlap``) and ``torch.utils._pytree``."""
+from __future__ import annotations
+
+import torch
+import torch.utils._pytree as pytree  # noqa: F401
+
+OpOverload = torch._ops.OpOverload
+OpOverloadPacket = torch._ops.OpOverloadPacket
+AnyType = torch._C.AnyType
+TENSOR_DATA = torch._C.TensorBase.data  # the getset descriptor ``Parameter.data`` resolves to
+disabled_torch_function_impl = torch._C._disabled_torch_function_impl
+AutoDispatchBelowAutograd = torch._C._AutoDispatchBelowAutograd
+foreach_copy_ = torch._foreach_copy_
+internal_overlap = torch._debug_has_internal_overlap  # 0: none, 1: yes, 2: too complex to tell
+
+
+def single_overload(target):
+    """The OpOverload a call_function target names: itself, or the only overload of a packet (freezing's
+    weight-packing passes insert packets such as ``mkl._mkl_linear``); None for anything else."""
+    if isinstance(target, OpOverload):
+        return target
+    if isinstance(target, OpOverloadPacket):
+        names = target.overloads()
+        if len(names) == 1:
+            return getattr(target, names[0])
+    return None
+
+
+def is_opaque_value(value) -> bool:
+    """Whether ``value`` is an opaque object a graph may take as input (``torch._library.opaque_object``); False
+    where this torch has none."""
+    try:
+        from torch._library.opaque_object import is_opaque_value as check
+    except ImportError:  # pragma: no cover - older torch
+        return False
+    return check(value)

@@ -1,0 +1,81 @@
+"""Adaptor for ``torch._dynamo``: backend registration, aot_autograd, the compile lock, the stance, the FX-trace
+switches and the counters fusegraph reads."""
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import torch
+
+from .lazy import module_getattr
+
+__getattr__ = module_getattr(__name__, {
+    "register_backend": ("torch._dynamo.backends.registry", "register_backend"),
+    "aot_autograd": ("torch._dynamo.backends.common", "aot_autograd"),
+    "graph_break_reasons": ("torch._dynamo.utils", "graph_break_reasons"),
+    "counters": ("torch._dynamo.utils", "counters"),
+    "RecompileError": ("torch._dynamo.exc", "RecompileError"),
+    "config": ("torch._dynamo.config", None),
+})
+
+
+def reset() -> None:
+    """Forgets every compiled frame (``torch._dynamo.reset``)."""
+    torch._dynamo.reset()
+
+
+def stance_name():
+    """The name of the current ``torch.compiler.set_stance`` stance ("default", "fail_on_recompile", ...), or None
+    where this torch keeps it elsewhere."""
+    try:
+        from torch._dynamo.eval_frame import _stance
+    except ImportError:  # pragma: no cover - another torch's layout
+        return None
+    return getattr(_stance, "stance", None)
+
+
+_CAPTURE_LOCK = None
+
+
+def capture_lock():
+    """Captures are serialised process-wide, with Dynamo's own compile lock: make_fx patches
+    ``torch.nn.Module.__call__``/``__getattr__`` for the whole process while it traces, which must not overlap
+    another thread's trace or a Dynamo compile; a CUDA/NPU graph capture likewise wants no other capture."""
+    global _CAPTURE_LOCK
+    if _CAPTURE_LOCK is None:
+        try:
+            from torch._dynamo.convert_frame import compile_lock
+        except ImportError:  # pragma: no cover - another torch's layout
+            compile_lock = threading.RLock()
+        _CAPTURE_LOCK = compile_lock
+    return _CAPTURE_LOCK
+
+
+@contextlib.contextmanager
+def fx_tracing_window(kind: str):
+    """While this thread traces with FX (make_fx in a host capture; aot_autograd and the pattern matcher's
+    replacements in a compile), ``torch.fx``'s tracing flag is set for the whole process and
+    ``torch.nn.Module.__call__`` is patched, and Dynamo makes a compiled function that *another* thread calls
+    meanwhile raise ("Detected that you are using FX to symbolically trace a dynamo-optimized function").
+    For the window, Dynamo's ``force_compile_during_fx_trace`` is made the process default, so other threads'
+    compiled calls run as compiled (the patched ``__call__`` just calls ``forward``). Its per-thread setting
+    (a user's ``torch._dynamo.config`` assignment) still wins in each thread; in this thread a capture
+    (``kind="capture"``: a user function, which may call compiled functions itself) runs such calls as their
+    original Python, which the trace records, instead of compiling inside the trace. Windows are taken under
+    the capture lock (Dynamo's compile lock), so they never interleave."""
+    entries = getattr(torch._dynamo.config, "_config", {})
+    force, nested = entries.get("force_compile_during_fx_trace"), entries.get("error_on_nested_fx_trace")
+    if not all(hasattr(e, "default") and hasattr(e, "user_override") for e in (force, nested)):
+        yield  # pragma: no cover - another torch's config layout: nothing to adjust
+        return
+    saved_default = force.default
+    tokens = []
+    if kind == "capture":  # this thread only (ContextVar), restored exactly with the tokens
+        tokens = [(force, force.user_override.set(False)), (nested, nested.user_override.set(False))]
+    force.default = True
+    try:
+        yield
+    finally:
+        force.default = saved_default
+        for entry, token in reversed(tokens):
+            entry.user_override.reset(token)

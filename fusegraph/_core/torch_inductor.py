@@ -1,0 +1,31 @@
+"""Adaptor for ``torch._inductor`` outside its pattern matcher (``torch_pattern_matcher``): compile_fx, the
+decomposition table, the custom-pass interface, freezing and constant folding, the code cache, its config and
+its cache folder."""
+from __future__ import annotations
+
+from .lazy import module_getattr
+
+__getattr__ = module_getattr(__name__, {
+    "compile_fx": ("torch._inductor.compile_fx", "compile_fx"),
+    "compile_fx_inner": ("torch._inductor.compile_fx", "compile_fx_inner"),
+    "select_decomp_table": ("torch._inductor.decomposition", "select_decomp_table"),
+    "get_hash_for_files": ("torch._inductor.custom_graph_pass", "get_hash_for_files"),
+    "cache_dir": ("torch._inductor.runtime.cache_dir_utils", "cache_dir"),
+    "config": ("torch._inductor.config", None),
+    "freezing": ("torch._inductor.freezing", None),
+    "freeze": ("torch._inductor.freezing", "freeze"),
+    "freezing_patterns": ("torch._inductor.fx_passes.freezing_patterns", None),
+    "constant_folding": ("torch._inductor.constant_folding", None),
+    "remove_noop_ops": ("torch._inductor.fx_passes.post_grad", "remove_noop_ops"),
+    "PyCodeCache": ("torch._inductor.codecache", "PyCodeCache"),
+})
+
+
+def custom_graph_pass_base() -> type:
+    """The base class of a post-grad custom pass: ``CustomInferenceAwareGraphPass`` (its ``__call__`` is told whether
+    the graph is an inference graph) where this torch has it, else ``CustomGraphPass``."""
+    try:
+        from torch._inductor.custom_graph_pass import CustomInferenceAwareGraphPass as base
+    except ImportError:  # pragma: no cover - older torch
+        from torch._inductor.custom_graph_pass import CustomGraphPass as base
+    return base
