@@ -87,7 +87,7 @@ def packing_policy(concat_linear: bool = False, pack_weights: bool = False):
 
     Inductor registers its packing patterns once per process, on the first freezing compile (``lazy_init``,
     which is called here so that the entries exist); their checks are wrapped for the duration. Runs under
-    Dynamo's compile lock (``Backend._compile``); another torch's layout of these internals leaves packing as
+    Dynamo's compile lock (``pipeline.compile_graph``); another torch's layout of these internals leaves packing as
     Inductor does it."""
     from . import packing
     from ._core.torch_inductor import config as inductor_config
@@ -395,26 +395,31 @@ class FrozenGraph:
     frozen one. Re-compiles run outside Dynamo on this call's inputs, so only static-shape graphs are frozen.
     Every miss is logged and counted (``stats.frozen_recompiles``; the unfrozen one also in ``stats.fallbacks``);
     under ``torch.compiler.set_stance("fail_on_recompile")`` a miss raises instead.
-    ``backend`` is the ``fusegraph.Backend`` that compiled it (its ``_compile`` re-compiles)."""
 
-    def __init__(self, backend, gm, example_inputs, params: dict, compiled, graph_id: int, copies: bool = False):
+    It is the one wrapper around what Dynamo gets: each entry's compile takes only the inputs that stayed inputs
+    (``CompiledGraph.keep``), and the call passes those on. ``compile(inputs, params, freeze=...)`` is
+    ``pipeline.compile_graph`` bound to the graph and its config; ``record`` is the first compile's
+    ``CompiledGraph``; what each re-compile tallies goes into ``stats``."""
+
+    def __init__(self, compile, stats, params: dict, record, copies: bool = False):
         self._guard_type = _C.graph.FrozenGuard
         self._same = _C.graph.FrozenMatch.SAME
         self._changed = _C.graph.FrozenMatch.CHANGED
-        self.backend = backend
-        self.gm = gm
-        self.graph_id = graph_id
+        self.compile = compile
+        self.stats = stats
+        self.graph_id = record.graph_id
         self.positions = sorted(params)
         self.copies = copies
         self._epoch = DataWatch.epoch
-        self.entries = [self._entry(params, compiled)]  # most recent first (``_entry``)
+        self.entries = [self._entry(params, record)]  # most recent first (``_entry``)
         self.frozen_compiles = 1
         self.unfrozen = None
         self.dead = False
         self._lock = threading.Lock()
 
-    def _entry(self, params: dict, compiled) -> list:
-        """[guard, compiled, {position: (weak ref, content hash)} or None, weak refs whose death drops the entry].
+    def _entry(self, params: dict, record) -> list:
+        """[guard, (compiled, argument selector), {position: (weak ref, content hash)} or None, weak refs whose death
+        drops the entry].
         Nothing in it keeps a parameter alive: when one dies (the model was deleted) the entry lets its compile go,
         and with it the constants that alias the weights."""
         tensors = [params[i] for i in self.positions]
@@ -422,7 +427,7 @@ class FrozenGraph:
         if self.copies:
             DataWatch.watch(tensors)
             hashes = {i: (weakref.ref(params[i]), content_hash(params[i])) for i in self.positions}
-        entry = [self._guard_type(self.positions, tensors, self.copies), compiled, hashes, None]
+        entry = [self._guard_type(self.positions, tensors, self.copies), _callable(record), hashes, None]
         graph = weakref.ref(self)
 
         def died(_ref):
@@ -437,8 +442,10 @@ class FrozenGraph:
     def __call__(self, *args):
         entries = self.entries
         if entries and entries[0][0].check(args) == self._same and DataWatch.epoch == self._epoch:
-            return entries[0][1](*args)
-        return self._miss(args)(*args)
+            compiled, select = entries[0][1]
+        else:
+            compiled, select = self._miss(args)
+        return compiled(*select(args))
 
     def _data_edits(self) -> None:
         """``.data`` was touched since the last check: an entry one of whose parameters, touched since (or with an
@@ -467,35 +474,38 @@ class FrozenGraph:
             if DataWatch.epoch != self._epoch:
                 self._data_edits()
             changed = None
-            for k, (guard, compiled, hashes, _) in enumerate(self.entries):
+            for k, (guard, call, hashes, _) in enumerate(self.entries):
                 match = guard.check(args)
                 if match == self._same and hashes != "changed":
                     self.entries.insert(0, self.entries.pop(k))
-                    return compiled
+                    return call
                 if match == self._changed or (match == self._same and hashes == "changed"):
                     changed = k
             what = ("weights changed after compile (a new .data, or an in-place edit of a weight it copied)"
                     if changed is not None
                     else "called with other parameter tensors (another module instance, or a replaced parameter)")
             _refuse_recompile(f"frozen graph {self.graph_id} {what}")
-            stats = self.backend.stats
+            stats = self.stats
             if self.frozen_compiles < FROZEN_SPECIALIZATION_LIMIT:
                 params = {i: args[i] for i in self.positions}
                 log.info("fusegraph: frozen graph %d %s: compiling it frozen on these parameters (%d of %d)",
                          self.graph_id, what, self.frozen_compiles + 1, FROZEN_SPECIALIZATION_LIMIT)
-                _, compiled = self.backend._compile(self.gm, list(args), params, freeze=True, graph_id=self.graph_id)
+                record = self.compile(list(args), params, freeze=True)
+                stats.absorb(record.job.tally)
                 if changed is not None:
                     self.entries.pop(changed)
-                self.entries.insert(0, self._entry(params, compiled))
+                self.entries.insert(0, self._entry(params, record))
                 self.frozen_compiles += 1
                 stats.add(frozen_recompiles=1)
-                return compiled
+                return self.entries[0][1]
             if changed is not None:
                 self.entries.pop(changed)  # its copies are stale: the unfrozen compile serves those weights now
             if self.unfrozen is None:
-                self.backend._fallback(f"frozen graph {what}; {FROZEN_SPECIALIZATION_LIMIT} frozen compiles already: "
-                                       "running an unfrozen compile of it for such calls")
-                _, self.unfrozen = self.backend._compile(self.gm, list(args), {}, freeze=False, graph_id=self.graph_id)
+                stats.note_fallback(f"frozen graph {what}; {FROZEN_SPECIALIZATION_LIMIT} frozen compiles already: "
+                                    "running an unfrozen compile of it for such calls")
+                record = self.compile(list(args), {}, freeze=False)
+                stats.absorb(record.job.tally)
+                self.unfrozen = _callable(record)
                 stats.add(frozen_recompiles=1)
             return self.unfrozen
 
@@ -611,14 +621,14 @@ def _selector(keep):
     return operator.itemgetter(*keep)
 
 
-def pass_kept_args(compiled, keep):
-    """Callers still pass every original input; the frozen graph takes only those that stayed inputs."""
-    select = _selector(keep)
+def _callable(record) -> tuple:
+    """(compiled, selector): a compile record's callable and what picks its arguments out of every original
+    input (the frozen ones are constants of the graph)."""
+    return record.fn, (_all if record.keep is None else _selector(record.keep))
 
-    def run(*args):
-        return compiled(*select(args))
 
-    return run
+def _all(args):
+    return args
 
 
 def drop_frozen_args(gm, keep):

@@ -20,7 +20,7 @@ import threading
 
 import torch
 
-from ._core.measure import paired_medians
+from ._core import measure
 from ._core import cache
 from ._core.cache import VerdictFile, is_timed_verdict
 
@@ -74,9 +74,10 @@ def _key(sig: tuple) -> str:
                      repr(sig)])
 
 
-def _time_both(sig: tuple) -> tuple:
-    """Median seconds per call of the plain convolution and of the packed one including the input's change to
-    channels-last (Inductor may fold that change into a producer, or not: counted, to stay on the safe side)."""
+def _forms(sig: tuple) -> tuple:
+    """(plain, packed): the plain convolution and the packed one, including the input's change to channels-last
+    (Inductor may fold that change into a producer, or not: counted, to stay on the safe side), on random inputs of
+    the signature's shapes."""
     dtype, xs, ws, has_bias, stride, padding, dilation, transposed, output_padding, groups = sig
     dtype = getattr(torch, dtype)
     x = torch.randn(xs, dtype=dtype)
@@ -104,8 +105,7 @@ def _time_both(sig: tuple) -> tuple:
         return torch.ops.aten.convolution.default(x, w, b, list(stride), list(padding), list(dilation), transposed,
                                                   list(output_padding), groups)
 
-    t_plain, t_packed = paired_medians([plain, packed], min_time=0.025, rounds=7)
-    return t_plain, t_packed
+    return plain, packed
 
 
 def conv_packing_pays(node: torch.fx.Node) -> bool:
@@ -122,13 +122,13 @@ def conv_packing_pays(node: torch.fx.Node) -> bool:
 
             try:
                 with unset_fake_temporarily(), torch.no_grad():
-                    t_plain, t_packed = _time_both(sig)
+                    plain, packed = _forms(sig)
+                    verdict = measure.decide(plain, packed, by=MARGIN, store=_verdicts, key=key, min_time=0.025,
+                                             rounds=7)
             except Exception as e:  # an op this build lacks, a shape oneDNN refuses: leave it plain
                 log.info("fusegraph: conv %s not timed (%s: %s); left unpacked", sig, type(e).__name__, e)
                 return False
-            verdict = [t_plain >= MARGIN * t_packed, t_plain, t_packed]
-            _verdicts.put(key, verdict)
-            log.info("fusegraph: conv %s: plain %.1f us, packed %.1f us: %s", sig, t_plain * 1e6, t_packed * 1e6,
-                     "packed" if verdict[0] else "left unpacked")
+            log.info("fusegraph: conv %s: plain %.1f us, packed %.1f us: %s", sig, verdict[1] * 1e6,
+                     verdict[2] * 1e6, "packed" if verdict[0] else "left unpacked")
         _decided.append((sig, bool(verdict[0]), verdict[1], verdict[2]))
         return bool(verdict[0])

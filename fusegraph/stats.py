@@ -1,6 +1,7 @@
 """What happened: one stats object per Backend and per GraphRunner (SPEC §1.3)."""
 from __future__ import annotations
 
+import logging
 import threading
 
 from . import _C
@@ -9,6 +10,50 @@ from .fusion.patterns import PATTERN_NAMES  # the family table lists them
 _DICTS = ("patterns", "lowered", "fallbacks", "graph_choices")
 # The scalar counters, in C++ (csrc/graph/counters.h: the list and what each counts).
 COUNTER_NAMES = _C.graph.Counters.names
+
+
+log = logging.getLogger("fusegraph")
+_logged: set = set()
+_logged_lock = threading.Lock()
+
+
+def log_fallback(reason: str) -> None:
+    """A fallback's reason, logged as a warning once per process."""
+    with _logged_lock:
+        if reason in _logged:
+            return
+        _logged.add(reason)
+    log.warning("fusegraph: %s", reason)
+
+
+class Tally:
+    """What one compile adds to a ``Stats``: fused and lowered sites per family, and fallback reasons (in order).
+    Takes the same ``add_*`` calls as a Stats (``passes.fuse_graph`` and ``choice.choose`` count into either).
+    Once absorbed (``Stats.absorb``), later additions go straight to that Stats: aot_autograd compiles a training
+    graph's backward at the first backward call, after the compile returned."""
+
+    def __init__(self):
+        self.patterns: dict = {}
+        self.lowered: dict = {}
+        self.fallbacks: list = []
+        self.target = None  # the Stats that absorbed it
+
+    def add_patterns(self, counts: dict) -> None:
+        if self.target is not None:
+            return self.target.add_patterns(counts)
+        for name, n in counts.items():
+            self.patterns[name] = self.patterns.get(name, 0) + n
+
+    def add_lowered(self, counts: dict) -> None:
+        if self.target is not None:
+            return self.target.add_lowered(counts)
+        for name, n in counts.items():
+            self.lowered[name] = self.lowered.get(name, 0) + n
+
+    def add_fallback(self, reason: str) -> None:
+        if self.target is not None:
+            return self.target.add_fallback(reason)
+        self.fallbacks.append(reason)
 
 
 class Stats:
@@ -66,6 +111,19 @@ class Stats:
         with self._lock:
             for name, n in counts.items():
                 self.lowered[name] = self.lowered.get(name, 0) + n
+
+    def absorb(self, tally: Tally) -> None:
+        """Adds what one compile tallied, and whatever it tallies from now on."""
+        self.add_patterns(tally.patterns)
+        self.add_lowered(tally.lowered)
+        for reason in tally.fallbacks:
+            self.add_fallback(reason)
+        tally.target = self
+
+    def note_fallback(self, reason: str) -> None:
+        """Counts a fallback and logs its reason (once per process and reason)."""
+        self.add_fallback(reason)
+        log_fallback(reason)
 
     def as_dict(self) -> dict:
         with self._lock:

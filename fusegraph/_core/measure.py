@@ -69,3 +69,21 @@ def paired_medians(fns: Sequence[Callable[[], object]], *, min_time: float = 0.0
     """Median seconds per call of each of ``fns`` (``interleaved`` after one warm-up call each): what every
     measured choice compares."""
     return [statistics.median(t) for t in interleaved(fns, rounds=rounds, warmup=1, min_time=min_time, sync=sync)]
+
+
+def decide(default: Callable[[], object], other: Callable[[], object], *, by: float, store=None,
+           key: Optional[str] = None, min_time: float = 0.06, rounds: int = 9,
+           sync: Optional[Callable[[], None]] = None) -> list:
+    """The one way fusegraph takes a choice by measurement: ``[other wins, t_default, t_other]``, ``other`` winning
+    only when ``t_default >= by * t_other`` in ``paired_medians`` (``by`` > 1: the margin the default keeps).
+    With a ``store`` (a ``cache.VerdictFile``) the verdict is kept under ``key`` and read back instead of measured
+    again, in this process and in the next."""
+    if store is not None:
+        verdict = store.get(key)
+        if verdict is not None:
+            return verdict
+    t_default, t_other = paired_medians([default, other], min_time=min_time, rounds=rounds, sync=sync)
+    verdict = [t_default >= by * t_other, t_default, t_other]
+    if store is not None:
+        store.put(key, verdict)
+    return verdict

@@ -23,17 +23,16 @@ from .._core.torch_dispatcher import OpOverload
 from .._core.torch_inductor import custom_graph_pass_base
 
 from . import choice, passes, patterns
+from .job import FusionJob
 
 _PassBase = custom_graph_pass_base()
 
-# What the compile job the pass reports to provides (fusegraph.backend._CompileJob): pass_ran, fuse(graph),
-# choose(graph), counts, lowered, ops, pass_fallbacks, note_fallback(reason), glog.
 
 
 @functools.lru_cache(maxsize=None)
 def _source_hash() -> str:
-    """The fusion's source: the family modules, the pass manager, the choice, this pass and the backend (what the
-    record holds, and the freezing's packing policy)."""
+    """The fusion's source: the family modules, the pass manager, the choice, this pass, the job and the compile
+    pipeline (what the record holds, and the freezing's packing policy)."""
     from .._core.torch_inductor import get_hash_for_files
 
     from . import patterns
@@ -41,7 +40,8 @@ def _source_hash() -> str:
     folder = os.path.dirname(patterns.__file__)
     files = [os.path.join(folder, f) for f in sorted(os.listdir(folder)) if f.endswith(".py")]
     package = os.path.dirname(os.path.dirname(__file__))
-    files += [passes.__file__, choice.__file__, __file__, os.path.join(package, "backend.py"),
+    files += [passes.__file__, choice.__file__, __file__, os.path.join(os.path.dirname(__file__), "job.py"),
+              os.path.join(package, "pipeline.py"), os.path.join(package, "backend.py"),
               os.path.join(package, "freezing.py"), os.path.join(package, "packing.py")]
     return get_hash_for_files(tuple(files)).hex()
 
@@ -54,9 +54,10 @@ def _choice_key() -> str:
 
 
 class FusionPass(_PassBase):
-    """Runs fusegraph's passes on Inductor's post-grad graph (inference graphs only) for one compile job."""
+    """Runs fusegraph's passes on Inductor's post-grad graph (inference graphs only) for one compile, whose
+    ``FusionJob`` keeps what they did."""
 
-    def __init__(self, config, job):
+    def __init__(self, config, job: FusionJob):
         self.config = config
         self.job = job
 

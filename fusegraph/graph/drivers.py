@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import _C
-from .._core.measure import paired_medians
+from .._core.measure import decide
 from .._core.ranks import COLLECTIVE_NAMESPACES
 from .._core.torch_dispatcher import foreach_copy_
 
@@ -111,10 +111,10 @@ def _faster(fused_gm, fused, plain_gm, work):
         plain = build_host_graph(plain_gm)
     except Unsupported:
         return fused_gm, fused, "fused"
-    t_fused, t_plain = paired_medians([lambda: fused.run(list(work)), lambda: plain.run(list(work))],
-                                      min_time=0, rounds=_TIMED_REPLAYS)
+    plain_wins, t_fused, t_plain = decide(lambda: fused.run(list(work)), lambda: plain.run(list(work)),
+                                          by=1 / (1 - PLAIN_FASTER_BY), min_time=0, rounds=_TIMED_REPLAYS)
     best = {"fused": t_fused, "plain": t_plain}
-    if best["plain"] < best["fused"] * (1 - PLAIN_FASTER_BY):
+    if plain_wins:
         _log.info("fusegraph: the unfused host graph replays faster (%.1f us vs %.1f us fused): capturing it",
                   best["plain"] * 1e6, best["fused"] * 1e6)
         return plain_gm, plain, "plain"

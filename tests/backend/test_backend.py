@@ -11,6 +11,8 @@ import torch.nn.functional as F
 
 import fusegraph
 import fusegraph.backend as backend_mod
+import fusegraph.pipeline as pipeline_mod
+import fusegraph.stats as stats_mod
 from fusegraph import Backend, CompilationConfig
 
 GELU_TANH = "fusegraph.gelu_tanh.default"
@@ -52,15 +54,15 @@ class _RecordingRunner:
 def runtime_available(monkeypatch):
     """The backend's graph routes hand their graph to this stand-in (the name backend.py imported)."""
     _RecordingRunner.created = []
-    monkeypatch.setattr(backend_mod, "compile_graph_route",
+    monkeypatch.setattr(pipeline_mod, "compile_graph_route",
                         lambda fn, example_inputs, config, stats: _RecordingRunner(fn, config, stats))
 
 
 @pytest.fixture
 def runtime_missing(monkeypatch):
     """No device graph for the inputs (as CUDA graphs on a machine without CUDA)."""
-    monkeypatch.setattr(backend_mod, "device_graph_available", lambda device, config: (False, "no device graph here"))
-    monkeypatch.setattr(backend_mod, "_logged_reasons", set())
+    monkeypatch.setattr(pipeline_mod, "device_graph_available", lambda device, config: (False, "no device graph here"))
+    monkeypatch.setattr(stats_mod, "_logged", set())
 
 
 # --- by name / instance -----------------------------------------------------------------------------------------

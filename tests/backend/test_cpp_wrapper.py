@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from diffusers.models.embeddings import apply_rotary_emb
 
 import fusegraph
-import fusegraph.backend as backend_mod
+import fusegraph.pipeline as pipeline_mod
 
 
 class RopeGeluBlock(nn.Module):
@@ -82,15 +82,15 @@ def test_cpp_wrapper_is_the_default_on_cpu(monkeypatch):
 def test_a_wrapper_that_fails_to_compile_falls_back_to_python(monkeypatch, caplog):
     torch._dynamo.reset()
     seen = _wrapper_seen(monkeypatch)
-    original = backend_mod.Backend._compile_inductor_with
+    original = pipeline_mod._compile_inductor_with
 
-    def failing(self, gm, example_inputs, job, cpp_wrapper):
+    def failing(config, gm, example_inputs, job, cpp_wrapper):
         if cpp_wrapper:
-            original(self, gm, example_inputs, job, cpp_wrapper)  # the pass runs and counts, then the build fails
+            original(config, gm, example_inputs, job, cpp_wrapper)  # the pass runs and counts, then the build fails
             raise RuntimeError("C++ compile failed: injected\nsecond line")
-        return original(self, gm, example_inputs, job, cpp_wrapper)
+        return original(config, gm, example_inputs, job, cpp_wrapper)
 
-    monkeypatch.setattr(backend_mod.Backend, "_compile_inductor_with", failing)
+    monkeypatch.setattr(pipeline_mod, "_compile_inductor_with", failing)
     model = RopeGeluBlock().eval()
     backend = fusegraph.Backend({"fusion_choice": "always"})
     x, cos, sin = _inputs()
@@ -118,7 +118,7 @@ def test_symbolic_shapes_and_non_tensor_inputs_keep_the_python_wrapper(monkeypat
             x, cos, sin = _inputs(s=s)
             torch.testing.assert_close(compiled(x, cos, sin), model(x, cos, sin), rtol=1e-5, atol=1e-5)
     assert seen and not any(seen)
-    assert not backend_mod._cpp_wrapper_fits(torch.fx.GraphModule({}, torch.fx.Graph()), [torch.ones(2), object()])
+    assert not pipeline_mod._cpp_wrapper_fits(torch.fx.GraphModule({}, torch.fx.Graph()), [torch.ones(2), object()])
 
 
 def test_graphs_the_cpp_wrapper_cannot_run_keep_the_python_wrapper():
@@ -134,13 +134,13 @@ def test_graphs_the_cpp_wrapper_cannot_run_keep_the_python_wrapper():
         return torch.fx.GraphModule({}, g)
 
     x = torch.ones(2)
-    assert backend_mod._cpp_wrapper_fits(graph_of(torch.ops.aten.relu.default), [x])
-    assert not backend_mod._cpp_wrapper_fits(graph_of(torch.ops.aten.relu.default), [x.to("meta")])
+    assert pipeline_mod._cpp_wrapper_fits(graph_of(torch.ops.aten.relu.default), [x])
+    assert not pipeline_mod._cpp_wrapper_fits(graph_of(torch.ops.aten.relu.default), [x.to("meta")])
     takes_any = torch.ops.fusegraph_test_cpp_wrapper.takes_any
     for target in (takes_any, takes_any.default):  # a packet (as Dynamo records it) and its overload
-        assert not backend_mod._cpp_wrapper_fits(graph_of(target, None), [x])
+        assert not pipeline_mod._cpp_wrapper_fits(graph_of(target, None), [x])
     collective = graph_of(torch.ops._c10d_functional.all_reduce.default, "sum", "0")
-    assert not backend_mod._cpp_wrapper_fits(collective, [x])
+    assert not pipeline_mod._cpp_wrapper_fits(collective, [x])
 
 
 class ComplexRope(nn.Module):

@@ -285,9 +285,12 @@ def test_conv_packing_follows_the_measured_verdict(route, verdict, monkeypatch, 
     if not torch._C._has_mkldnn:
         pytest.skip("no mkldnn: nothing would pack")
     monkeypatch.setattr(packing, "_verdicts", packing.VerdictFile(lambda: str(tmp_path / "conv.json")))
+    from fusegraph._core import measure
+
     timed = []
-    monkeypatch.setattr(packing, "_time_both", lambda sig: timed.append(sig) or ((2e-5, 1e-5) if verdict
-                                                                               else (1e-5, 2e-5)))
+    forms = packing._forms
+    monkeypatch.setattr(packing, "_forms", lambda sig: timed.append(sig) or forms(sig))
+    monkeypatch.setattr(measure, "paired_medians", lambda fns, **kw: [2e-5, 1e-5] if verdict else [1e-5, 2e-5])
     torch.manual_seed(7)
     net = _Convs().eval()
     x = torch.randn(2, 4, 6, 5)
@@ -310,6 +313,7 @@ def test_conv_packing_follows_the_measured_verdict(route, verdict, monkeypatch, 
 def test_conv_packing_measures_both_forms():
     """The measurement itself: both forms run on the signature's shapes and give positive times."""
     from fusegraph import packing
+    from fusegraph._core.measure import paired_medians
 
     if not torch._C._has_mkldnn:
         pytest.skip("no mkldnn: nothing would pack")
@@ -317,7 +321,7 @@ def test_conv_packing_measures_both_forms():
                 ("float32", (1, 4, 2, 6, 5), (8, 4, 1, 2, 2), False, (1, 2, 2), (0, 0, 0), (1, 1, 1), False,
                  (0, 0, 0), 1),
                 ("float32", (2, 4, 3, 3), (4, 2, 2, 2), True, (2, 2), (0, 0), (1, 1), True, (0, 0), 2)):
-        t_plain, t_packed = packing._time_both(sig)
+        t_plain, t_packed = paired_medians(list(packing._forms(sig)), min_time=0.025, rounds=7)
         assert 0 < t_plain < 1 and 0 < t_packed < 1, sig
 
 

@@ -17,7 +17,7 @@ import torch._inductor.config as inductor_config
 import torch.nn as nn
 import torch.nn.functional as F
 
-import fusegraph.backend as backend_mod
+import fusegraph.stats as stats_mod
 from fusegraph.fusion.inductor_pass import FusionPass
 from fusegraph import Backend, CompilationConfig
 from fusegraph.fusion import passes
@@ -61,7 +61,7 @@ def planted_gelu(monkeypatch, tmp_path):
     monkeypatch.setattr(gelu_patterns, "_replace_tanh", _wrong_gelu)
     monkeypatch.setattr(passes, "_passes", {k: v for k, v in passes._passes.items() if k[0] != "gelu"})
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    monkeypatch.setattr(backend_mod, "_logged_reasons", set())
+    monkeypatch.setattr(stats_mod, "_logged", set())
 
 
 def compile_run(fn, *inputs, **cfg):
@@ -180,7 +180,7 @@ def test_verify_inputs_for_refuses_what_it_cannot_match():
 
 def test_unmatched_inputs_skip_verification_without_failing_the_compile(monkeypatch):
     """The backend's side: a graph whose inputs cannot be matched compiles (and fuses) with the reason counted."""
-    monkeypatch.setattr(backend_mod, "_logged_reasons", set())
+    monkeypatch.setattr(stats_mod, "_logged", set())
     monkeypatch.setattr(passes, "verify_inputs_for", lambda graph, inputs: (None, "verify skipped: stand-in reason"))
     model, x, gate = GatedGeluMLP(), torch.randn(2, 4, 32), torch.randn(2, 1, 32)
     b, out = compile_run(model, x, gate, verify=True, inductor=False)
@@ -265,7 +265,7 @@ def test_one_of_the_families_sharing_a_switch_is_undone_alone(route, monkeypatch
     monkeypatch.setattr(adaln_noshift, "_fused_ln_zero", _wrong_ln_noshift)
     monkeypatch.setattr(passes, "_passes", {k: v for k, v in passes._passes.items() if k[0] != "adaln_noshift"})
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    monkeypatch.setattr(backend_mod, "_logged_reasons", set())
+    monkeypatch.setattr(stats_mod, "_logged", set())
 
     def fn(x, emb):
         shift, scale, scale2 = emb.chunk(3, dim=-1)

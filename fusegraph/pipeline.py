@@ -1,0 +1,311 @@
+"""The compile of one Dynamo graph, as stages that return a record (``CompiledGraph``).
+
+    select_route(config, inputs)                         -> route, why not the wanted graph route
+    compile_graph(config, stats, gm, inputs, params, ...) -> CompiledGraph
+        freezing.parameters_to_attributes                   the parameters to fold become attributes
+        route "default", inductor=True:  _compile_inductor   Inductor's compile_fx with fusegraph's pass
+                                                             (inductor_pass.FusionPass) and Inductor's freezing
+        otherwise:                       _compile_aten       aot_autograd; the fusion (fusion.job.FusionJob),
+                                                             freezing.freeze_aot_graph, and on the graph routes
+                                                             the graph runtime (graph.compile_graph_route)
+
+The record holds the callable, which inputs it takes, the route, and the ``FusionJob`` with what the fusion did
+(counts, sites lowered, final ops, graph log, the tally for the caller's ``Stats``). Nothing here reports to the
+backend: ``Backend`` reads the record, and ``freezing.FrozenGraph`` calls ``compile_graph`` again (bound to the
+same config) for a re-specialisation. ``stats`` is passed only to the graph runtime, which counts captures and
+replays at run time.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from . import freezing
+from ._core import torch_dispatcher
+from ._core.torch_dispatcher import pytree
+from ._core.torch_dynamo import capture_lock, fx_tracing_window
+from .fusion import passes
+from .fusion.inductor_pass import FusionPass
+from .fusion.job import FusionJob
+from .graph import compile_graph_route, device_graph_available
+
+log = logging.getLogger("fusegraph")
+
+
+@dataclass
+class CompiledGraph:
+    """One compile of a Dynamo graph: ``fn`` takes the graph's inputs at ``keep`` (every input when ``keep`` is None:
+    freezing made the others constants), on ``route``; ``job`` is what the fusion did."""
+    fn: Callable
+    keep: Optional[list]
+    route: str
+    job: FusionJob
+
+    @property
+    def graph_id(self) -> int:
+        return self.job.graph_id
+
+
+def input_device(example_inputs) -> torch.device:
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor):
+            return x.device
+    return torch.device("cpu")
+
+
+def select_route(config, example_inputs) -> tuple[str, Optional[str]]:
+    """('graph_with_compile' | 'graph_only' | 'default', why the wanted graph route is unavailable) (SPEC §1.2)."""
+    wanted = "graph_with_compile" if config.graph_with_compile else "graph_only" if config.graph_only else None
+    if wanted is None:
+        return "default", None
+    ok, why = device_graph_available(input_device(example_inputs), config)
+    if ok:
+        return wanted, None
+    return "default", f"{wanted} requested but {why}; running the default route"
+
+
+def compile_graph(config, stats, gm, example_inputs, params: dict, *, freeze: bool, graph_id: int,
+                  count: bool = True, log_dir: Optional[str] = None, label: str = "fusegraph") -> CompiledGraph:
+    """One compile of the Dynamo graph on the route ``config`` selects; ``params`` ({input position: tensor}) are
+    folded into the graph as constants. ``count=False``: a re-compile of a graph already counted.
+
+    Under Dynamo's compile lock (a frozen graph's re-compile runs outside Dynamo), with other threads' compiled
+    calls running on while aot_autograd and the pattern matcher trace (fx_tracing_window)."""
+    with capture_lock(), fx_tracing_window("compile"):
+        job = FusionJob(config, graph_id, log_dir=log_dir, label=label, count=count, freeze=freeze)
+        route, why = select_route(config, example_inputs)
+        if why:
+            job.note_fallback(why)
+        job.fusing = route != "graph_only"
+        keep = None
+        job.params = list(params.values())
+        if params:
+            gm, keep = freezing.parameters_to_attributes(gm, params)
+            example_inputs = [example_inputs[i] for i in keep]
+        try:
+            with freezing.opaque_inputs_stay_inputs():  # Inductor's own freezing too
+                if route == "default" and config.inductor:
+                    fn = _compile_inductor(config, gm, example_inputs, job)
+                else:
+                    fn = _compile_aten(config, stats, gm, example_inputs, job, route)
+        finally:
+            job.params = []  # the compiled graph holds aliases of them, nothing here holds the user's parameters
+        return CompiledGraph(fn, keep, route, job)
+
+
+def _compile_inductor(config, gm, example_inputs, job: FusionJob):
+    """Inductor's compile with fusegraph's pass; on CPU through Inductor's C++ wrapper (``config.cpp_wrapper``),
+    and where that fails to compile, again with its Python wrapper (logged, in ``stats.fallbacks``)."""
+    cpp = config.cpp_wrapper and _cpp_wrapper_fits(gm, example_inputs)
+    try:
+        return _compile_inductor_with(config, gm, example_inputs, job, cpp)
+    except Exception as e:
+        if not cpp:
+            raise
+        if isinstance(e, _ProxyExecutorOps):
+            log.info("fusegraph: graph %d: %s; compiled with Inductor's Python wrapper", job.graph_id, e)
+        else:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            job.note_fallback(f"Inductor's C++ wrapper failed to compile graph {job.graph_id} "
+                              f"({type(e).__name__}: {first[:200]}); compiled with its Python wrapper")
+        job.count = job.count and not job.pass_ran  # the pass already counted its sites
+        job.counts, job.lowered, job.pass_ran, job.pass_fallbacks = None, None, False, []
+        return _compile_inductor_with(config, gm, example_inputs, job, False)
+
+
+def _compile_inductor_with(config, gm, example_inputs, job: FusionJob, cpp_wrapper: bool):
+    from ._core.torch_inductor import compile_fx
+
+    fusion_pass = FusionPass(config, job)
+    if config.verify:  # the post-grad graph's placeholders once Inductor froze the rest
+        job.real_inputs = list(example_inputs)
+    patches = {"post_grad_custom_pre_pass": fusion_pass, "freezing": job.freeze, "cpp_wrapper": cpp_wrapper}
+    with freezing.weight_policy(config, job.params), _refuse_proxy_executor(cpp_wrapper), \
+            freezing.released_with_the_graph(job.params):
+        compiled = compile_fx(gm, example_inputs, config_patches=patches)
+    if job.pass_ran:
+        fusion_pass.after_compile(gm, example_inputs, job.freeze)  # stores the record
+        return compiled
+    # Inductor served the graph from its cache without running the pass: the counts, the fallbacks the pass
+    # noted, the graph logs and the final ops come from the record of the compile that ran it.
+    record = fusion_pass.after_compile(gm, example_inputs, job.freeze)
+    if record is None:
+        job.glog.write_cached(None, gm.code)  # the counts and final ops unknown
+        return compiled
+    job.adopt(record)
+    job.glog.write_cached(record["log"], gm.code)
+    return compiled
+
+
+def _compile_aten(config, stats, gm, example_inputs, job: FusionJob, route: str):
+    from ._core.torch_dynamo import aot_autograd
+    from functorch.compile import make_boxed_func
+
+    fuse = route != "graph_only"
+    if config.verify:  # the aot graph's placeholders after the lifted parameters
+        job.real_inputs = list(example_inputs)
+
+    def plain(aot_gm, aot_inputs):
+        if fuse:
+            job.note_fallback("autograd graph: fusion skipped (fused ops have no backward)")
+        return make_boxed_func(aot_gm.forward)
+
+    def inference(aot_gm, aot_inputs):
+        layouts = _output_layouts(aot_gm)  # as traced, before fusion and freezing: eager's strides
+        return _with_traced_strides(compile_inference(aot_gm, aot_inputs), layouts)
+
+    def compile_inference(aot_gm, aot_inputs):
+        if fuse:
+            job.fuse(aot_gm, reshape_views=True)  # the graph runs as is: no view traced on eager's strides
+        else:
+            job.record_ops(aot_gm)
+        graph, keep = aot_gm, None
+        if job.freeze and not torch.is_grad_enabled():
+            graph, keep = freezing.freeze_aot_graph(gm, aot_gm, aot_inputs, job.note_fallback, config,
+                                                      job.params)
+            if keep is not None:
+                job.record_ops(graph)
+        if route != "default":
+            inputs = list(aot_inputs) if keep is None else [aot_inputs[i] for i in keep]
+            graph, unused = freezing.drop_unused_opaque_inputs(graph, inputs)
+            if unused is not None:  # DTensor's DeviceMesh: a graph input no op reads; a runner cannot key it
+                inputs = [inputs[i] for i in unused]
+                keep = unused if keep is None else [keep[i] for i in unused]
+            runner = compile_graph_route(graph, inputs, config, stats)  # the graph runtime
+            return make_boxed_func(runner) if keep is None else freezing.drop_frozen_args(runner, keep)
+        return make_boxed_func(graph.forward) if keep is None else freezing.drop_frozen_args(graph, keep)
+
+    backend = aot_autograd(fw_compiler=plain, inference_compiler=inference,
+                           decompositions=passes.decompositions())
+    # A tracing context, as compile_fx sets up: aot_autograd records the parameters in it, freezing reads them.
+    from ._core.torch_fake import FakeTensorMode, TracingContext, detect_fake_mode, tracing
+
+    context = TracingContext.try_get()
+    if context is None:
+        fake_mode = detect_fake_mode(example_inputs) or FakeTensorMode(allow_non_fake_inputs=True)
+        context = TracingContext(fake_mode)
+    with tracing(context):
+        return backend(gm, example_inputs)
+
+
+class _ProxyExecutorOps(RuntimeError):
+    """The C++ wrapper would call aten ops through its proxy executor (ops without a C shim)."""
+
+
+class _ProxyExecutorFilter(logging.Filter):
+    """Notes (and drops) Inductor's warning that an aten op has no C shim, so the C++ wrapper would call it through
+    its proxy executor."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list = []
+
+    def filter(self, record) -> bool:
+        if "missing a c-shim implementation" in str(record.msg):
+            self.ops.append(str(record.args[0]) if record.args else "?")
+            return False
+        return True
+
+
+@contextlib.contextmanager
+def _refuse_proxy_executor(active: bool):
+    """Inside a C++-wrapper compile: raises _ProxyExecutorOps after it when any aten op would go through the proxy
+    executor. That path of the JIT C++ wrapper crashed the process (SIGSEGV at the first call of Z-Image's graph,
+    whose select_scatter / full / select / unsqueeze have no C shim), so such graphs keep the Python wrapper."""
+    if not active:
+        yield
+        return
+    ir_log = logging.getLogger("torch._inductor.ir")
+    seen = _ProxyExecutorFilter()
+    ir_log.addFilter(seen)
+    try:
+        yield
+    finally:
+        ir_log.removeFilter(seen)
+    if seen.ops:
+        names = ", ".join(sorted(set(seen.ops)))
+        raise _ProxyExecutorOps(f"aten ops without a C shim for Inductor's C++ wrapper ({names})")
+
+
+def _cpp_wrapper_fits(gm, example_inputs) -> bool:
+    """Inductor's C++ wrapper for this graph: CPU, static shapes, every input a tensor, no collectives, no op taking
+    an ``Any`` argument, no complex tensor. Its Python entry turns other inputs into tensors (an opaque DeviceMesh
+    that DTensor graphs keep as an input fails there at the first call); it cannot pass an ``Any`` argument to the
+    ops it calls back in Python (context parallelism's); graphs with collectives, and symbolic shapes, stay with
+    the Python wrapper, which more of Inductor is tested with. Inductor generates no code for complex ops: they
+    stay aten calls, several without a C shim (``_conj``), which :func:`_refuse_proxy_executor` would refuse only
+    after a whole compile."""
+    from ._core import ranks
+
+    if input_device(example_inputs).type != "cpu" or freezing.has_symbolic_inputs(gm, example_inputs):
+        return False
+    if not all(isinstance(x, torch.Tensor) for x in example_inputs) or ranks.collective_groups(gm) != []:
+        return False
+    any_type = torch_dispatcher.AnyType.get()
+    for node in gm.graph.nodes:
+        val = node.meta.get("example_value", node.meta.get("val"))
+        if any(isinstance(v, torch.Tensor) and v.dtype.is_complex for v in pytree.tree_leaves(val)):
+            return False
+        if node.op != "call_function" or not isinstance(node.target, (torch_dispatcher.OpOverload,
+                                                                      torch_dispatcher.OpOverloadPacket)):
+            continue
+        overloads = [node.target] if isinstance(node.target, torch_dispatcher.OpOverload) else \
+            [getattr(node.target, name) for name in node.target.overloads()]
+        if any(a.type == any_type for op in overloads for a in op._schema.arguments):
+            return False
+    return True
+
+
+def _output_layouts(gm: torch.fx.GraphModule) -> list:
+    """(index, shape, strides) of each tensor output of an aot graph, from its trace."""
+    outputs = gm.graph.output_node().args[0]
+    layouts = []
+    for i, node in enumerate(outputs if isinstance(outputs, (list, tuple)) else [outputs]):
+        val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+        if isinstance(val, torch.Tensor) and not isinstance(val, torch.SymInt) and \
+                all(isinstance(d, int) for d in (*val.shape, *val.stride())):
+            layouts.append((i, tuple(val.shape), tuple(val.stride())))
+    return layouts
+
+
+def _restride(t: torch.Tensor, shape, stride) -> torch.Tensor:
+    """``t`` with the traced ``stride``: a free view where only size-1 dims differ, else a copy."""
+    if tuple(t.shape) != shape:
+        return t
+    if t.is_contiguous() and all(a == b for d, a, b in zip(shape, t.stride(), stride) if d != 1):
+        return t.as_strided(shape, stride)
+    out = torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device)
+    return out.copy_(t)
+
+
+def _with_traced_strides(boxed, layouts):
+    """A boxed callable whose tensor outputs have the strides the graph was traced with (eager's).
+
+    A fused op writes a dense row-major result where eager's op may have kept its input's layout, and freezing's
+    CPU weight packing makes convolutions return channels-last tensors (Inductor's codegen restores output
+    strides; an aten graph run by FX or captured does not). Dynamo guards the strides of every tensor a later
+    frame receives, so a block whose output strides changed made Dynamo recompile the next block (HunyuanVideo
+    1.5), and aot_autograd regenerates outputs that are views of an output from the traced strides. One stride
+    compare per output per call; a copy only where the memory order really differs."""
+    if not layouts:
+        return boxed
+
+    def run(args):
+        outs = boxed(args)
+        fixed = None
+        for i, shape, stride in layouts:
+            t = outs[i]
+            if isinstance(t, torch.Tensor) and t.stride() != stride:
+                if fixed is None:
+                    fixed = list(outs)
+                fixed[i] = _restride(t, shape, stride)
+        if fixed is None:
+            return outs
+        return type(outs)(fixed) if isinstance(outs, tuple) else fixed
+
+    run._boxed_call = True
+    return run
