@@ -16,7 +16,8 @@ otherwise: the same passes, no codegen) while an observer watches ``passes.fuse_
 
 Source lines are the innermost stack frame outside torch (a ``nn.LayerNorm`` is reported at the line that
 calls it). The report is rows of plain dataclasses: a new column is a new field (and an entry in ``_COLUMNS``
-to show it in the table); a new candidate kind is an entry in ``CANDIDATES``.
+to show it in the table); a new candidate kind is a ``Candidate`` in its family's ``FAMILY.candidates``
+(``fusegraph/fusion/patterns/<family>.py``).
 """
 from __future__ import annotations
 
@@ -27,7 +28,6 @@ import dataclasses
 import functools
 import inspect
 import json
-import operator
 import os
 import re
 import threading
@@ -39,13 +39,12 @@ import torch.fx
 
 from ._core.torch_dispatcher import OpOverload
 from .fusion import FAMILY_NAMES, choice, passes
-from .fusion.patterns import BY_NAME
-from .fusion.patterns._prepare import depends_on
+from .fusion.patterns import BY_NAME, FAMILIES, NoSite
+from .fusion.patterns._anchors import TORCH_DIR as _TORCH_DIR
+from .fusion.patterns._anchors import frames as _frames
+from .fusion.patterns._anchors import nearby as _nearby
+from .fusion.patterns._anchors import node_frames as _node_frames
 
-_aten = torch.ops.aten
-_CONVERT = torch.ops.prims.convert_element_type.default
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
 _lock = threading.Lock()  # explain resets Dynamo and swaps passes.fuse_graph: one at a time per process
 
 
@@ -198,18 +197,6 @@ def _short_frame(frame: str) -> str:
 # Source lines
 
 
-def _frames(stack_trace: Optional[str]) -> list:
-    """(file, line, function) of each frame outside torch, outermost first."""
-    if not stack_trace:
-        return []
-    return [(m["file"], int(m["line"]), m["func"]) for m in _FRAME.finditer(stack_trace)
-            if not os.path.abspath(m["file"]).startswith(_TORCH_DIR)]
-
-
-def _node_frames(node: torch.fx.Node) -> list:
-    return _frames(node.meta.get("stack_trace"))
-
-
 _RESUME = re.compile(r"torch_dynamo_resume_in_(?P<func>\w+?)_at_\d+")
 
 
@@ -225,203 +212,29 @@ def _place(site: Site, frames) -> Site:
     return site
 
 
-def _same_or_enclosing_call(frames, anchor_frames) -> bool:
-    """Whether code with ``frames`` ran in the call ``anchor_frames`` ran in, or in one that encloses it (the
-    module's caller, where a modulation after a norm module is written); unknown frames count as yes."""
-    if not frames or not anchor_frames or len(frames) > len(anchor_frames):
-        return bool(not frames or not anchor_frames)
-    k = len(frames) - 1
-    return frames[:k] == anchor_frames[:k] and (frames[k][0], frames[k][2]) == (anchor_frames[k][0],
-                                                                              anchor_frames[k][2])
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Candidates: the ops each family exists to fuse
 
 
-def _is(node, *targets) -> bool:
-    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in targets
+# family -> its Candidate records (``Family.candidates``: an anchor, node -> label or None; its no-site reason; the
+# nodes whose line makes it another candidate's inside), in pass order: derived from the family table.
+CANDIDATES: dict = {f.name: f.candidates for f in FAMILIES}
 
-
-def _is_complex(node) -> bool:
-    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    return isinstance(val, torch.Tensor) and val.is_complex()
-
-
-def _upstream(node, depth: int):
-    """Every node up to ``depth`` steps before ``node``."""
-    seen = []
-    frontier = [node]
-    for _ in range(depth):
-        frontier = [a for n in frontier for a in n.all_input_nodes]
-        seen.extend(frontier)
-    return seen
-
-
-def _is_mean_of_square(node) -> bool:
-    if not _is(node, _aten.mean.dim):
-        return False
-    src = node.args[0]
-    return (_is(src, _aten.pow.Tensor_Scalar) and src.args[1] == 2) or \
-        (_is(src, _aten.mul.Tensor) and src.args[0] is src.args[1])
-
-
-def _rms_anchor(node) -> Optional[str]:
-    if _is_mean_of_square(node):
-        return "mean(x²)"
-    if _is(node, _aten.rsqrt.default):
-        # the rsqrt of a LayerNorm (var_mean) or of an RMSNorm already anchored at its mean(x²) is not a new site
-        if any(_is(u, _aten.var_mean.correction) or _is_mean_of_square(u) or
-               (_is(u, operator.getitem) and _is(u.args[0], _aten.var_mean.correction))
-               for u in _upstream(node, 3)):
-            return None
-        return "rsqrt"
-    return None
-
-
-def _layer_norm_label(node) -> Optional[str]:
-    if _is(node, _aten.var_mean.correction):
-        return "var_mean"
-    if _is(node, _aten.native_layer_norm.default, _aten.layer_norm.default):
-        return "layer_norm"
-    return None
-
-
-_FUSED_RMS_NORM = torch.ops.fusegraph.rms_norm.default
-
-
-def _modulation(anchor) -> Optional[str]:
-    """The modulation after a norm: ``"shift"`` for ``norm * (1 + s) + t`` (a tensor added to the product),
-    ``"noshift"`` for ``norm * (1 + s)`` alone, None when no ``* (1 + s)`` follows. The ``(1 + s)`` (through
-    views) must come from elsewhere than the norm itself: the ``1 + erf(...)`` of a GELU after the norm's
-    linear is no modulation."""
-    for n in _nearby(anchor):
-        if not _is(n, _aten.mul.Tensor):
-            continue
-        for a in n.args:
-            while _is(a, *_VIEWS):
-                a = a.args[0]
-            if _is(a, _aten.add.Tensor) and any(c == 1 for c in a.args if not isinstance(c, torch.fx.Node)) \
-                    and not depends_on(a, anchor):
-                users = list(n.users)
-                shifted = len(users) == 1 and _is(users[0], _aten.add.Tensor) and \
-                    all(isinstance(c, torch.fx.Node) for c in users[0].args[:2])
-                return "shift" if shifted else "noshift"
-    return None
-
-
-def _adaln_anchor(node) -> Optional[str]:
-    """A LayerNorm, unless a modulation without shift follows it (then it is an adaln_noshift candidate). One
-    with no modulation at all is listed as no site (``_adaln_hint``)."""
-    label = _layer_norm_label(node)
-    return label if label is not None and _modulation(node) != "noshift" else None
-
-
-def _adaln_rms_anchor(node) -> Optional[str]:
-    """A fused RMSNorm followed by ``* (1 + scale) + shift``. (An RMSNorm still unfused is the rms_norm
-    family's candidate: this family starts at the fused op.)"""
-    return "fusegraph.rms_norm" if _is(node, _FUSED_RMS_NORM) and _modulation(node) == "shift" else None
-
-
-def _adaln_noshift_anchor(node) -> Optional[str]:
-    """A LayerNorm or a fused RMSNorm followed by ``* (1 + scale)`` with no shift."""
-    label = "fusegraph.rms_norm" if _is(node, _FUSED_RMS_NORM) else _layer_norm_label(node)
-    return label if label is not None and _modulation(node) == "noshift" else None
-
-
-def _gelu_anchor(node) -> Optional[str]:
-    # tanh-GELU's tanh feeds ``1 + tanh(...)``; a tanh gate (Mochi, Lumina2) is no GELU
-    if _is(node, _aten.tanh.default) and any(_is(u, _aten.add.Tensor) and 1 in u.args for u in node.users):
-        return "tanh"
-    if _is(node, _aten.gelu.default) and node.kwargs.get("approximate") == "tanh":
-        return "gelu(tanh)"
-    return None
-
-
-def _rope_anchor(node) -> Optional[str]:
-    if _is(node, _aten.mul.Tensor) and _is_complex(node):
-        return "complex mul"
-    if _is(node, _aten.view_as_complex.default) and not any(_is(u, _aten.mul.Tensor) for u in node.users):
-        return "view_as_complex"
-    return None
-
-
-def _mul_add_anchor(node) -> Optional[str]:
-    val = node.meta.get("val")
-    if not _is(node, _aten.add.Tensor) or not (isinstance(val, torch.Tensor) and val.is_floating_point()):
-        return None  # integer index arithmetic (position ids) is no fusion target
-    operands = node.args[:2]  # a tensor added: ``x * s + 1.0`` is no mul_add site
-    if not all(isinstance(a, torch.fx.Node) for a in operands):
-        return None
-    # a product by 1 (``y + 1.0 * x``, a one-row addmm's decomposition) is an add, not a mul_add site
-    products = [a for a in operands if _is(a, _aten.mul.Tensor) and not any(
-        isinstance(b, (int, float)) and not isinstance(b, bool) and b == 1 for b in a.args)]
-    return "mul→add" if products else None
-
-
-def _kv_attention_anchor(node) -> Optional[str]:
-    """A decode step's SDPA on CPU (at most MAX_QUERIES query rows) whose keys and values are concatenations."""
-    from .fusion.patterns import kv_attention
-
-    sdpa = getattr(_aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-    if sdpa is None or not _is(node, sdpa.default) or not all(_is(a, _aten.cat.default) for a in node.args[1:3]):
-        return None
-    q = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
-    if not isinstance(q, torch.Tensor) or q.dim() != 4 or not isinstance(q.shape[2], int):
-        return None
-    return "scaled_dot_product_attention over cat" if q.shape[2] <= kv_attention.MAX_QUERIES else None
-
-
-def _gemv_anchor(node) -> Optional[str]:
-    """A linear layer of a few rows with a large weight (mm/addmm), as the gemv family defines its sites."""
-    from .fusion.patterns import gemv
-
-    if _is(node, _aten.mm.default) and gemv.site_ok(node.args[0], node.args[1]):
-        return "mm of a few rows"
-    if _is(node, _aten.addmm.default) and gemv.site_ok(node.args[1], node.args[2], node.args[0]):
-        return "addmm of a few rows"
-    return None
-
-
-def _linear_anchor(node) -> Optional[str]:
-    """A float32 linear layer of many rows (mm/addmm), as the linear family defines its sites."""
-    from .fusion.patterns import linear
-
-    if _is(node, _aten.mm.default) and linear.site_ok(node.args[0], node.args[1]):
-        return "float32 mm"
-    if _is(node, _aten.addmm.default) and linear.site_ok(node.args[1], node.args[2], node.args[0]):
-        return "float32 addmm"
-    return None
-
-
-# family -> (node -> label or None). Order matters only for reading.
-CANDIDATES: dict = {
-    "adaln": _adaln_anchor,
-    "rope": _rope_anchor,
-    "rms_norm": _rms_anchor,
-    "adaln_rms": _adaln_rms_anchor,
-    "adaln_noshift": _adaln_noshift_anchor,
-    "gelu": _gelu_anchor,
-    "mul_add": _mul_add_anchor,
-    "kv_attention": _kv_attention_anchor,
-    "gemv": _gemv_anchor,
-    "linear": _linear_anchor,
-}
 
 def _candidates(graph: torch.fx.Graph, families) -> list:
-    """(family, node, label) of every candidate of ``families`` in the graph. A mul→add whose ops come from the
-    same line as another family's candidate is that op's inside (a LayerNorm's affine step, GELU's polynomial),
-    not a site."""
-    found = [(f, n, label) for n in graph.nodes for f in CANDIDATES if (label := CANDIDATES[f](n))]
-    other_lines = {n.meta.get("stack_trace") for f, n, _ in found if f != "mul_add"} - {None}
+    """(family, node, label) of every candidate of ``families`` in the graph. A candidate with ``inner`` (a
+    mul→add) whose ops come from the same line as another family's candidate is that op's inside (a LayerNorm's
+    affine step, GELU's polynomial), not a site."""
+    found = [(f, c, n, label) for n in graph.nodes for f, cands in CANDIDATES.items() for c in cands
+             if (label := c.anchor(n))]
+    lines = {(f, n.meta.get("stack_trace")) for f, _, n, _ in found}  # (family, a candidate's line)
+    other_lines = {f: {line for (g, line) in lines if g != f} - {None} for f in families}
     out = []
-    for family, node, label in found:
+    for family, cand, node, label in found:
         if family not in families:
             continue
-        if family == "mul_add":
-            mul = next(a for a in node.args[:2] if _is(a, _aten.mul.Tensor))
-            if node.meta.get("stack_trace") in other_lines or mul.meta.get("stack_trace") in other_lines:
-                continue
+        if cand.inner is not None and any(n.meta.get("stack_trace") in other_lines[family] for n in cand.inner(node)):
+            continue
         out.append((family, node, label))
     return out
 
@@ -433,32 +246,6 @@ def _is_fused_op(node) -> bool:
 
 # ---------------------------------------------------------------------------------------------------------
 # Why a candidate was not fused
-
-
-_NEARBY_DEPTH = 10
-_NEARBY_MAX = 64
-
-
-def _nearby(anchor: torch.fx.Node) -> list:
-    """The anchor and the ops after it (breadth first, nearest first) made in its own function call or an
-    enclosing one: where a pattern containing the anchor would end."""
-    anchor_frames = _node_frames(anchor)
-    out, seen, frontier = [anchor], {anchor}, [anchor]
-    for _ in range(_NEARBY_DEPTH):
-        nxt = []
-        for n in frontier:
-            for u in n.users:
-                if u in seen or u.op != "call_function":
-                    continue
-                seen.add(u)
-                if not _same_or_enclosing_call(_node_frames(u), anchor_frames):
-                    continue
-                out.append(u)
-                nxt.append(u)
-        frontier = nxt
-        if len(out) >= _NEARBY_MAX:
-            break
-    return out[:_NEARBY_MAX]
 
 
 def _op_name(node) -> str:
@@ -572,31 +359,6 @@ def _blocker(failed, site: list):
     return next((n for n in site if n.op == "call_function" and n.target in fns and len(n.users) > 1), None)
 
 
-_VIEWS = (_aten.unsqueeze.default, _aten.view.default, _aten.reshape.default, _aten.slice.Tensor,
-          _aten.expand.default)
-
-
-_NO_MODULATION = "no modulation (norm(x) * (1 + scale) + shift) follows this norm: nothing for adaln to fuse"
-
-
-def _adaln_hint(anchor, nearby) -> Optional[str]:
-    """A LayerNorm with no ``* (1 + scale)`` after it (a plain or affine norm, a qk-norm) is no AdaLN site. The
-    ``(1 + scale)`` must come from elsewhere than the norm itself: the ``1 + erf(...)`` of a GELU after the norm's
-    linear is no modulation."""
-    for n in nearby:
-        for a in n.args if _is(n, _aten.mul.Tensor) else ():
-            while _is(a, *_VIEWS):
-                a = a.args[0]
-            if _is(a, _aten.add.Tensor) and any(c == 1 for c in a.args if not isinstance(c, torch.fx.Node)) \
-                    and not depends_on(a, anchor):
-                return None
-    return _NO_MODULATION
-
-
-# family -> (anchor, nearby ops) -> a plain-words reason or None: consulted when no form matched
-_HINTS: dict = {"adaln": _adaln_hint}
-
-
 def _reason(family: str, anchor: torch.fx.Node, pm) -> str:
     """Runs the family's registered patterns at the anchor and the ops after it (nearest first). A match that
     was refused says by what. Otherwise the form that matched the most ops and got as far as the anchor (or
@@ -620,9 +382,10 @@ def _reason(family: str, anchor: torch.fx.Node, pm) -> str:
             score = len(matched) + (2 if blocker is not None else 0)
             if best is None or score > best[0]:
                 best = (score, node, entry, m, blocker)
-    hint = _HINTS[family](anchor, nearby) if family in _HINTS else None
-    if hint is not None:
-        return hint
+    for cand in BY_NAME[family].candidates:
+        hint = cand.no_site(anchor, nearby) if cand.no_site is not None else None
+        if hint is not None:
+            return hint
     if best is None:
         chain = " → ".join(dict.fromkeys(_op_name(n) for n in nearby[:8]))
         return f"no registered {family} form fits the ops here ({chain})"
@@ -718,8 +481,8 @@ class _Observer:
                 reason = f"the {family} family did not run on this graph (left off by verification)"
             else:
                 reason = reasons[node]
-            status = "no site" if reason == _NO_MODULATION else "unfused"
-            site = _place(Site(family, status, label, reason=reason, graph=self.graph_index), _node_frames(node))
+            status = "no site" if isinstance(reason, NoSite) else "unfused"
+            site = _place(Site(family, status, label, reason=str(reason), graph=self.graph_index), _node_frames(node))
             site.lines = [f"{site.file}:{site.line}"] if site.file else []
             self.sites.append(site)
 

@@ -37,6 +37,8 @@ import torch.fx
 from .._core.measure import paired_medians, sync_for
 from .._core import cache
 from .._core.cache import number, read_json
+from .patterns import BY_NAME, FAMILIES, PATTERN_NAMES
+from .patterns._family import overload
 
 log = logging.getLogger("fusegraph")
 
@@ -44,133 +46,65 @@ MARGIN = 0.05
 # The time a fused site must save over Inductor's code (per call, microseconds) to stay fused: the in-context cost
 # of an extern call measured on the zoo (module docstring). Devices without an entry: no such bar.
 CONTEXT_US = {"cpu": 5.0}
-# The families the choice weighs (elementwise and row-wise sites Inductor would otherwise generate code for).
-# kv_attention and gemv are not among them: they replace extern calls (SDPA, mm) for which Inductor generates no
-# code of its own, so those sites stay fused.
-CALIBRATED = ("rms_norm", "rope", "adaln", "gelu", "mul_add", "adaln_rms", "adaln_noshift")
+# The families the choice weighs (elementwise and row-wise sites Inductor would otherwise generate code for): those
+# with a calibration site in the family table. kv_attention and gemv are not among them: they replace extern calls
+# (SDPA, mm) for which Inductor generates no code of its own, so those sites stay fused.
+CALIBRATED = tuple(f.name for f in FAMILIES if f.calibrated)
 TABLE_VERSION = 2  # 2: each point also holds the fused op's time (v1 tables, ratios only, are not read)
 _SHIPPED = os.path.join(os.path.dirname(__file__), "cost_cpu.json")
 
-_FG = None
+_BY_OP = None
 
 
-def _ops():
-    global _FG
-    if _FG is None:
-        from .. import ops  # noqa: F401  (registers the ops)
-
-        fg = torch.ops.fusegraph
-        _FG = {fg.rms_norm.default: "rms_norm", fg.adaln.default: "adaln", fg.rope.default: "rope",
-               fg.gelu_tanh.default: "gelu", fg.fast_gelu.default: "gelu", fg.mul_add.default: "mul_add",
-               fg.mul_add.Scalar: "mul_add"}
-    return _FG
+def _ops() -> dict:
+    """op overload -> the families (in pass order) whose fused op it is and that the choice may lower."""
+    global _BY_OP
+    if _BY_OP is None:
+        by_op: dict = {}
+        for f in FAMILIES:
+            for name in f.lowerings:
+                by_op.setdefault(overload(name), []).append(f)
+        _BY_OP = {op: tuple(fams) for op, fams in by_op.items()}
+    return _BY_OP
 
 
 def family_of(node: torch.fx.Node) -> Optional[str]:
-    """The pattern family (stats name) a fused node belongs to, or None for any other node."""
+    """The pattern family (stats name) a fused node the choice weighs belongs to, or None for any other node
+    (an op several families emit goes to the one whose ``claims`` holds)."""
     if node.op != "call_function":
         return None
-    family = _ops().get(node.target)
-    if family != "adaln":
-        return family
-    shift = node.args[2] if len(node.args) > 2 else node.kwargs.get("shift")
-    if shift is None:
-        return "adaln_noshift"
-    return "adaln_rms" if node.kwargs.get("norm", "layer") == "rms" else "adaln"
+    families = _ops().get(node.target, ())
+    if len(families) == 1:
+        return families[0].name
+    return next((f.name for f in families if f.claims is not None and f.claims(node)), None)
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Lowering: each fused op as plain torch ops with the op's exact semantics (math in float32, float64 when an
-# argument is float64; rounded once to the op's output dtype, which the node's "val" carries).
-
-
-def _compute_dtype(*items) -> torch.dtype:
-    for t in items:
-        dtype = t.dtype if isinstance(t, torch.Tensor) else t
-        if isinstance(dtype, torch.dtype) and dtype == torch.float64:
-            return torch.float64
-    return torch.float32
-
-
-def _rms(x, eps, cd):
-    xf = x.to(cd)
-    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-
-
-def _rms_norm(out_dtype, x, weight=None, eps=1e-6, bias=None, *, style="torch"):
-    cd = _compute_dtype(x, weight, bias)
-    n = _rms(x, eps, cd)
-    if style == "diffusers" and weight is not None and weight.dtype in (torch.float16, torch.bfloat16):
-        y = n.to(weight.dtype) * weight  # diffusers: cast to the weight's dtype, then a half-precision product
-        return (y + bias if bias is not None else y).to(out_dtype)
-    if weight is not None:
-        n = n * weight.to(cd)
-    if bias is not None:
-        n = n + bias.to(cd)
-    return n.to(out_dtype)
-
-
-def _adaln(out_dtype, x, scale, shift, eps=1e-6, weight=None, bias=None, *, out_dtype_arg=None, norm="layer"):
-    cd = _compute_dtype(x, scale, shift, weight, bias, out_dtype)
-    if norm == "rms":
-        n = _rms(x, eps, cd)
-    else:
-        xf = x.to(cd)
-        mean = xf.mean(-1, keepdim=True)
-        centred = xf - mean
-        n = centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + eps)
-    if weight is not None:
-        n = n * weight.to(cd)
-    if bias is not None:
-        n = n + bias.to(cd)
-    y = n * (scale.to(cd) + 1)
-    if shift is not None:
-        y = y + shift.to(cd)
-    return y.to(out_dtype)
-
-
-def _rot(x, interleaved: bool):
-    if interleaved:
-        pairs = x.unflatten(-1, (-1, 2))
-        return torch.stack([-pairs[..., 1], pairs[..., 0]], dim=-1).flatten(-2)
-    h = x.shape[-1] // 2
-    return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
-
-
-def _rope(out_dtype, x, cos, sin, *, interleaved=True, rotary_dim=None):
-    cd = _compute_dtype(x, cos, sin)
-    r = x.shape[-1] if rotary_dim is None else rotary_dim
-    part = x[..., :r].to(cd)
-    y = part * cos.to(cd) + _rot(part, bool(interleaved)) * sin.to(cd)
-    if r != x.shape[-1]:
-        y = torch.cat([y, x[..., r:].to(cd)], dim=-1)
-    return y.to(out_dtype)
-
-
-def _gelu_tanh(out_dtype, x):
-    return torch.nn.functional.gelu(x.to(_compute_dtype(x)), approximate="tanh").to(out_dtype)
-
-
-def _fast_gelu(out_dtype, x):
-    xf = x.to(_compute_dtype(x))
-    return (xf * torch.sigmoid(1.702 * xf)).to(out_dtype)
-
-
-def _mul_add(out_dtype, a, b, c, *, out_dtype_arg=None):
-    cd = _compute_dtype(a, b, c, out_dtype)
-    bb = b.to(cd) if isinstance(b, torch.Tensor) else b
-    return (a.to(cd) * bb + c.to(cd)).to(out_dtype)
+# Lowering: each fused op as plain torch ops with the op's exact semantics (``Family.lowerings``: math in float32,
+# float64 when an argument is float64; rounded once to the op's output dtype, which the node's "val" carries).
 
 
 def _lowering(node):
-    fg = torch.ops.fusegraph
     kw = dict(node.kwargs)
     if "out_dtype" in kw:  # the op's own keyword; the output dtype comes from the node's val
         kw["out_dtype_arg"] = kw.pop("out_dtype")
-    fn = {fg.rms_norm.default: _rms_norm, fg.adaln.default: _adaln, fg.rope.default: _rope,
-          fg.gelu_tanh.default: _gelu_tanh, fg.fast_gelu.default: _fast_gelu, fg.mul_add.default: _mul_add,
-          fg.mul_add.Scalar: _mul_add}[node.target]
-    return fn, kw
+    return _lowerings()[node.target], kw
+
+
+_LOWERINGS = None
+
+
+def _lowerings() -> dict:
+    """op overload -> its lowering, from the family table (one function per op, whichever families emit it)."""
+    global _LOWERINGS
+    if _LOWERINGS is None:
+        found: dict = {}
+        for f in FAMILIES:
+            for name, fn in f.lowerings.items():
+                if found.setdefault(overload(name), fn) is not fn:
+                    raise ValueError(f"two lowerings of fusegraph.{name} in the family table")
+        _LOWERINGS = found
+    return _LOWERINGS
 
 
 def lowered_call(target, *args, **kwargs):
@@ -392,8 +326,6 @@ def describe(node: torch.fx.Node) -> str:
 def choose(graph: torch.fx.Graph, config=None, *, stats=None, decisions: Optional[list] = None) -> dict:
     """Lowers every fused node that Inductor's own code is predicted to beat; returns {family: sites lowered}
     and appends (family, node name, dtype, numel, ratio, fused?) to ``decisions`` when given."""
-    from .patterns import PATTERN_NAMES
-
     lowered = {name: 0 for name in PATTERN_NAMES}
     for node in list(graph.nodes):
         family = family_of(node)
@@ -422,36 +354,18 @@ def choose(graph: torch.fx.Graph, config=None, *, stats=None, decisions: Optiona
 # ---------------------------------------------------------------------------------------------------------
 # Calibration: ``python -m fusegraph bench calibrate``
 
-# One representative site per family at a given number of elements: (builder of the op's args, kwargs).
-_ROW = 128  # the row length (hidden size / head dim scale of the zoo and the small benchmark models)
-
-
 def _site_args(family: str, numel: int, dtype, device):
-    rows = max(numel // _ROW, 1)
+    """(op overload, args, kwargs): the family's representative site (``Family.calibration``) at ``numel``
+    elements, random values of ``dtype`` on ``device``."""
+    f = BY_NAME.get(family)
+    if f is None or not f.calibrated:
+        raise ValueError(f"unknown family {family!r}")
     g = torch.Generator(device="cpu").manual_seed(0)
 
     def rnd(*shape, dt=dtype):
         return torch.randn(*shape, generator=g, dtype=torch.float32).to(dt).to(device)
 
-    fg = torch.ops.fusegraph
-    if family == "rms_norm":
-        return fg.rms_norm.default, (rnd(rows, _ROW), rnd(_ROW), 1e-6), {}
-    if family in ("adaln", "adaln_rms", "adaln_noshift"):
-        x = rnd(1, rows, _ROW)
-        scale, shift = rnd(1, 1, _ROW), rnd(1, 1, _ROW)
-        norm = "rms" if family == "adaln_rms" else "layer"
-        return fg.adaln.default, (x, scale, None if family == "adaln_noshift" else shift, 1e-6), {"norm": norm}
-    if family == "rope":
-        heads = max(rows // 64, 1)
-        seq = max(numel // (heads * 32), 1)
-        x = rnd(1, seq, heads, 32)
-        return fg.rope.default, (x, rnd(1, seq, 1, 32, dt=torch.float32), rnd(1, seq, 1, 32, dt=torch.float32)), \
-            {"interleaved": True}
-    if family == "gelu":
-        return fg.gelu_tanh.default, (rnd(rows, _ROW),), {}
-    if family == "mul_add":
-        return fg.mul_add.default, (rnd(1, rows, _ROW), rnd(1, 1, _ROW), rnd(1, rows, _ROW)), {}
-    raise ValueError(f"unknown family {family!r}")
+    return f.calibration(numel, rnd)
 
 
 def _inductor_fn(target, args, kwargs):

@@ -40,10 +40,13 @@ import functools
 
 import torch
 import torch.nn.functional as F
-from ..._core.torch_pattern_matcher import Match, PatternMatcherPass, register_replacement
+from ..._core.torch_pattern_matcher import Match, PatternMatcherPass
 
 from ._prepare import prepare_before, split_shared_casts, split_shared_factors
 from ._trace import fwd_functional
+from . import _anchors
+from ._family import Candidate, Family, Form, NoSite, register_forms
+from ._lowering import adaln as lower, adaln_shift, adaln_site
 
 _EPS_MAGIC = 0.07314279675483704  # exactly representable in fp32; every literal equal to it becomes eps
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -314,32 +317,77 @@ def unshare_norms(graph: torch.fx.Graph, shift: bool = True) -> int:
 # ---- registration ------------------------------------------------------------------------------------
 
 
+_B, _S, _D = 2, 5, 16
+
+
+def _mod(m_dtype, chunks=False):
+    """scale and shift: ``[B, 1, D]`` (per-token ``[B, S, D]`` traces to the same pattern: shapes are checked per
+    match) or the continuous form's ``[B, D]`` chunks."""
+    return [torch.empty(*((_B, _D) if chunks else (_B, 1, _D)), dtype=m_dtype) for _ in range(2)]
+
+
+def _x(x_dtype):
+    return torch.empty(_B, _S, _D, dtype=x_dtype)
+
+
+def _wb(x_dtype):
+    return [torch.empty(_D, dtype=x_dtype) for _ in range(2)]
+
+
+# Per (x dtype, modulation dtype): the modulation in x's dtype, or another one (fp32 temb).
+FORMS = (
+    # contains _zero on x.float(): first; only for a low-precision x (for float32 it is _zero)
+    Form(_fp32, _fused_fp32, lambda xd, md: [[_x(xd), *_mod(md), _EPS_MAGIC]] if xd != torch.float32 else []),
+    Form(_zero, _fused_zero, lambda xd, md: [[_x(xd), *_mod(md), _EPS_MAGIC]]),
+    Form(_zero_scale_first, _fused_zero, lambda xd, md: [[_x(xd), *_mod(md), _EPS_MAGIC]]),
+    Form(_affine, _fused_affine, lambda xd, md: [[_x(xd), *_wb(xd), *_mod(md), _EPS_MAGIC]]),
+    Form(_continuous, _fused_continuous, lambda xd, md: [[_x(xd), *_mod(md, chunks=True), _EPS_MAGIC]],
+         check=functools.partial(_supported, chunks=True)),
+    Form(_affine_continuous, _fused_affine_continuous,
+         lambda xd, md: [[_x(xd), *_wb(xd), *_mod(md, chunks=True), _EPS_MAGIC]],
+         check=functools.partial(_supported, chunks=True)),
+)
+
+
 def register(pm: PatternMatcherPass, opts) -> None:
     """Registers the AdaLN source forms, per dtype combination, into ``pm``."""
     del opts  # the pass manager decides whether this family runs
     prepare_before(pm, split_shared_factors, unshare_norms, split_shared_casts, hoist_norm_views)
-    reg = functools.partial(
-        register_replacement,
-        trace_fn=fwd_functional,
-        pass_dicts=pm,
-        extra_check=_supported,
-        scalar_workaround={"eps": _EPS_MAGIC},
-        skip_duplicates=True,
-    )
-    B, S, D = 2, 5, 16
     for x_dtype in _DTYPES:
-        x = torch.empty(B, S, D, dtype=x_dtype)
-        for m_dtype in _DTYPES:  # modulation in x's dtype, or another one (fp32 temb)
-            # [B, 1, D]; per-token [B, S, D] traces to the same pattern (shapes are checked per match)
-            mod = [torch.empty(B, 1, D, dtype=m_dtype) for _ in range(2)]
-            if x_dtype != torch.float32:
-                reg(_fp32, _fused_fp32, [x, *mod, _EPS_MAGIC])  # contains _zero on x.float(): first
-            reg(_zero, _fused_zero, [x, *mod, _EPS_MAGIC])
-            reg(_zero_scale_first, _fused_zero, [x, *mod, _EPS_MAGIC])
-            wb = [torch.empty(D, dtype=x_dtype) for _ in range(2)]
-            reg(_affine, _fused_affine, [x, *wb, *mod, _EPS_MAGIC])
-            chunks = [torch.empty(B, D, dtype=m_dtype) for _ in range(2)]
-            reg(_continuous, _fused_continuous, [x, *chunks, _EPS_MAGIC],
-                extra_check=functools.partial(_supported, chunks=True))
-            reg(_affine_continuous, _fused_affine_continuous, [x, *wb, *chunks, _EPS_MAGIC],
-                extra_check=functools.partial(_supported, chunks=True))
+        for m_dtype in _DTYPES:
+            register_forms(pm, FORMS, x_dtype, m_dtype, trace_fn=fwd_functional, check=_supported,
+                           scalars={"eps": _EPS_MAGIC})
+
+
+# ---- lowering, calibration, explain ------------------------------------------------------------------
+
+
+def _claims(node) -> bool:
+    """A ``fusegraph.adaln`` call of this family: a LayerNorm modulation with a shift."""
+    return adaln_shift(node) is not None and node.kwargs.get("norm", "layer") != "rms"
+
+
+def _anchor(node):
+    """A LayerNorm, unless a modulation without shift follows it (then it is an adaln_noshift candidate). One
+    with no modulation at all is listed as no site (``_no_modulation``)."""
+    label = _anchors.layer_norm_label(node)
+    return label if label is not None and _anchors.modulation(node) != "noshift" else None
+
+
+NO_MODULATION = NoSite("no modulation (norm(x) * (1 + scale) + shift) follows this norm: nothing for adaln to fuse")
+
+
+def _no_modulation(anchor, nearby):
+    """A LayerNorm with no ``* (1 + scale)`` after it (a plain or affine norm, a qk-norm) is no AdaLN site. The
+    ``(1 + scale)`` must come from elsewhere than the norm itself: the ``1 + erf(...)`` of a GELU after the norm's
+    linear is no modulation."""
+    for n in nearby:
+        for a in n.args if _anchors.is_op(n, _anchors.aten.mul.Tensor) else ():
+            if _anchors.is_one_plus(a, anchor):
+                return None
+    return NO_MODULATION
+
+
+FAMILY = Family("adaln", "enable_adalayernorm", register, ops=("adaln.default",), claims=_claims,
+                lowerings={"adaln.default": lower}, calibration=adaln_site(norm="layer", shift=True),
+                candidates=(Candidate(_anchor, no_site=_no_modulation),), forms=FORMS)

@@ -36,9 +36,12 @@ import functools
 
 import torch
 import torch.nn.functional as F
-from ..._core.torch_pattern_matcher import PatternMatcherPass, register_replacement
+from ..._core.torch_pattern_matcher import PatternMatcherPass
 
 from ._prepare import prepare_before, split_shared_casts, split_shared_factors
+from . import _anchors
+from ._family import Candidate, Family, Form, register_forms
+from ._lowering import adaln as lower, adaln_shift, adaln_site
 from .adaln import hoist_norm_views, unshare_norms
 from .adaln_rms import (_DTYPES, _EPS_MAGIC, _STYLES, _rms, adaln_out_dtype, explicit_rms_calls_during, param_examples,
                         rms_expression_dtype, supported, trace_canonical)
@@ -56,8 +59,33 @@ def _fused_rms(x, scale, eps, weight, bias, style):
     return torch.ops.fusegraph.adaln(x, scale, None, eps, weight=weight, bias=bias, out_dtype=out_dtype, norm="rms")
 
 
+_B, _S, _D = 2, 5, 16
+
+
+def _rms_examples(style: str, n_params: int, chunks: bool):
+    """An RMSNorm form's example inputs: the fused rms_norm op holds no casts, so float32 and one mixed example
+    suffice."""
+
+    def examples():
+        if n_params == 2 and style == "torch":
+            return []  # the rms_norm family makes style="torch" calls without a bias
+        out = []
+        for x_dtype, m_dtype in ((torch.float32, torch.float32), (torch.bfloat16, torch.float32)):
+            x = torch.empty(_B, _S, _D, dtype=x_dtype)
+            scale = torch.empty(*((_B, _D) if chunks else (_B, 1, _D)), dtype=m_dtype)
+            out.append([x, *param_examples(n_params, _D), scale, _EPS_MAGIC])
+        return out
+
+    return examples
+
+
+def _mochi_examples():
+    return [[torch.empty(_B, _S, _D, dtype=x_dtype), torch.empty(_B, 1, _D, dtype=m_dtype), _EPS_MAGIC]
+            for x_dtype in _HALF for m_dtype in _HALF]
+
+
 def _rms_forms(style: str) -> list:
-    """(search, replace, number of norm parameters, chunks) for one rms_norm style."""
+    """The RMSNorm Form records of one rms_norm style."""
 
     def zero(x, scale, eps):
         return _rms(x, None, eps, style=style) * (1 + scale)
@@ -104,16 +132,19 @@ def _rms_forms(style: str) -> list:
     def fused_affine_continuous(x, weight, bias, scale, eps):
         return _fused_rms(x, scale.unsqueeze(1), eps, weight, bias, style)
 
-    forms = [
-        (affine_zero, fused_affine, 2, False), (affine_zero_scale_first, fused_affine, 2, False),
-        (affine_continuous, fused_affine_continuous, 2, True),
-        (weight_zero, fused_weight, 1, False), (weight_zero_scale_first, fused_weight, 1, False),
-        (weight_continuous, fused_weight_continuous, 1, True),
-        (zero, fused, 0, False), (zero_scale_first, fused, 0, False), (continuous, fused_continuous, 0, True),
-    ]
-    for search, *_ in forms:
+    def form(search, replace, n_params, chunks):
         search.__name__ = f"_rms_{search.__name__}_{style}"
-    return forms
+        return Form(search, replace, _rms_examples(style, n_params, chunks),
+                    check=_scale_only_chunks if chunks else _scale_only)
+
+    return [
+        form(affine_zero, fused_affine, 2, False), form(affine_zero_scale_first, fused_affine, 2, False),
+        form(affine_continuous, fused_affine_continuous, 2, True),
+        form(weight_zero, fused_weight, 1, False), form(weight_zero_scale_first, fused_weight, 1, False),
+        form(weight_continuous, fused_weight_continuous, 1, True),
+        form(zero, fused, 0, False), form(zero_scale_first, fused, 0, False),
+        form(continuous, fused_continuous, 0, True),
+    ]
 
 
 def _mochi_forms(style: str) -> list:
@@ -126,7 +157,7 @@ def _mochi_forms(style: str) -> list:
         return torch.ops.fusegraph.adaln(x, scale, None, eps, out_dtype=x.dtype, norm="rms")
 
     mochi_fp32.__name__ = f"_rms_mochi_fp32_{style}"
-    return [(mochi_fp32, fused_mochi_fp32)]
+    return [Form(mochi_fp32, fused_mochi_fp32, _mochi_examples, check=_scale_only)]
 
 
 # ---- LayerNorm forms ------------------------------------------------------------------------------------
@@ -194,47 +225,68 @@ def _fused_ln_affine_continuous(x, weight, bias, scale, eps):
 # ---- registration ------------------------------------------------------------------------------------
 
 
+def _ln_x(x_dtype):
+    return torch.empty(_B, _S, _D, dtype=x_dtype)
+
+
+def _ln_scale(m_dtype):
+    return torch.empty(_B, 1, _D, dtype=m_dtype)
+
+
+def _ln_chunk(m_dtype):
+    return torch.empty(_B, _D, dtype=m_dtype)
+
+
+def _ln_wb(x_dtype):
+    return [torch.empty(_D, dtype=x_dtype) for _ in range(2)]
+
+
+# The RMSNorm forms on the fused rms_norm op (no casts in them but Mochi's: float32 and one mixed example
+# suffice), per style; then the LayerNorm forms, per (x dtype, scale dtype) (their decomposition holds casts).
+RMS_FORMS = tuple(f for style in _STYLES for f in (*_rms_forms(style), *_mochi_forms(style)))
+LN_FORMS = (
+    # contains _ln_zero: first; only for a low-precision x
+    Form(_ln_fp32, _fused_ln_fp32, lambda xd, md: [[_ln_x(xd), _ln_scale(md), _EPS_MAGIC]] if xd != torch.float32
+         else []),
+    Form(_ln_zero, _fused_ln_zero, lambda xd, md: [[_ln_x(xd), _ln_scale(md), _EPS_MAGIC]]),
+    Form(_ln_zero_scale_first, _fused_ln_zero, lambda xd, md: [[_ln_x(xd), _ln_scale(md), _EPS_MAGIC]]),
+    Form(_ln_affine, _fused_ln_affine, lambda xd, md: [[_ln_x(xd), *_ln_wb(xd), _ln_scale(md), _EPS_MAGIC]]),
+    Form(_ln_continuous, _fused_ln_continuous, lambda xd, md: [[_ln_x(xd), _ln_chunk(md), _EPS_MAGIC]],
+         check=_scale_only_chunks),
+    Form(_ln_affine_continuous, _fused_ln_affine_continuous,
+         lambda xd, md: [[_ln_x(xd), *_ln_wb(xd), _ln_chunk(md), _EPS_MAGIC]], check=_scale_only_chunks),
+)
+
+
 def register(pm: PatternMatcherPass, opts) -> None:
-    """Registers the no-shift modulation forms into ``pm``: the RMSNorm ones on the fused rms_norm op (no casts
-    in them but Mochi's: float32 and one mixed example suffice), the LayerNorm ones per dtype combination (their
-    decomposition holds casts)."""
+    """Registers the no-shift modulation forms into ``pm``: the RMSNorm ones, then the LayerNorm ones per dtype
+    combination."""
     del opts  # the pass manager decides whether this family runs
     explicit_rms_calls_during(pm)
     prepare_before(pm, split_shared_factors, functools.partial(unshare_norms, shift=False), split_shared_casts,
                    hoist_norm_views)
-    reg = functools.partial(
-        register_replacement,
-        trace_fn=trace_canonical,
-        pass_dicts=pm,
-        scalar_workaround={"eps": _EPS_MAGIC},
-        skip_duplicates=True,
-    )
-    B, S, D = 2, 5, 16
-    for style in _STYLES:
-        for search, replace, n_params, chunks in _rms_forms(style):
-            if n_params == 2 and style == "torch":
-                continue  # the rms_norm family makes style="torch" calls without a bias
-            for x_dtype, m_dtype in ((torch.float32, torch.float32), (torch.bfloat16, torch.float32)):
-                x = torch.empty(B, S, D, dtype=x_dtype)
-                scale = torch.empty(*((B, D) if chunks else (B, 1, D)), dtype=m_dtype)
-                reg(search, replace, [x, *param_examples(n_params, D), scale, _EPS_MAGIC],
-                    extra_check=_scale_only_chunks if chunks else _scale_only)
-        for search, replace in _mochi_forms(style):
-            for x_dtype in _HALF:
-                for m_dtype in _HALF:
-                    reg(search, replace, [torch.empty(B, S, D, dtype=x_dtype), torch.empty(B, 1, D, dtype=m_dtype),
-                                          _EPS_MAGIC], extra_check=_scale_only)
+    reg = functools.partial(register_forms, pm, trace_fn=trace_canonical, check=_scale_only,
+                            scalars={"eps": _EPS_MAGIC})
+    reg(RMS_FORMS)
     for x_dtype in _DTYPES:
-        x = torch.empty(B, S, D, dtype=x_dtype)
         for m_dtype in _DTYPES:
-            scale = torch.empty(B, 1, D, dtype=m_dtype)
-            if x_dtype != torch.float32:
-                reg(_ln_fp32, _fused_ln_fp32, [x, scale, _EPS_MAGIC], extra_check=_scale_only)  # contains _ln_zero
-            reg(_ln_zero, _fused_ln_zero, [x, scale, _EPS_MAGIC], extra_check=_scale_only)
-            reg(_ln_zero_scale_first, _fused_ln_zero, [x, scale, _EPS_MAGIC], extra_check=_scale_only)
-            wb = [torch.empty(D, dtype=x_dtype) for _ in range(2)]
-            reg(_ln_affine, _fused_ln_affine, [x, *wb, scale, _EPS_MAGIC], extra_check=_scale_only)
-            chunk = torch.empty(B, D, dtype=m_dtype)
-            reg(_ln_continuous, _fused_ln_continuous, [x, chunk, _EPS_MAGIC], extra_check=_scale_only_chunks)
-            reg(_ln_affine_continuous, _fused_ln_affine_continuous, [x, *wb, chunk, _EPS_MAGIC],
-                extra_check=_scale_only_chunks)
+            reg(LN_FORMS, x_dtype, m_dtype)
+
+
+# ---- lowering, calibration, explain ------------------------------------------------------------------
+
+
+def _claims(node) -> bool:
+    """A ``fusegraph.adaln`` call of this family: no shift (either norm)."""
+    return adaln_shift(node) is None
+
+
+def _anchor(node):
+    """A LayerNorm or a fused RMSNorm followed by ``* (1 + scale)`` with no shift."""
+    label = "fusegraph.rms_norm" if _anchors.is_fused_rms_norm(node) else _anchors.layer_norm_label(node)
+    return label if label is not None and _anchors.modulation(node) == "noshift" else None
+
+
+FAMILY = Family("adaln_noshift", "enable_adalayernorm", register, ops=("adaln.default",), claims=_claims,
+                lowerings={"adaln.default": lower}, calibration=adaln_site(norm="layer", shift=False),
+                candidates=(Candidate(_anchor),), forms=RMS_FORMS + LN_FORMS)

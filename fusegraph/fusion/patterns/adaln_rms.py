@@ -33,11 +33,14 @@ from __future__ import annotations
 import functools
 
 import torch
-from ..._core.torch_pattern_matcher import Match, PatternMatcherPass, register_replacement
+from ..._core.torch_pattern_matcher import Match, PatternMatcherPass
 
 from ...ops.rms_norm import rms_norm_out_dtype
 from ._prepare import prepare_before, split_shared_factors
 from ._trace import fwd_functional
+from . import _anchors
+from ._family import Candidate, Family, Form, register_forms
+from ._lowering import adaln as lower, adaln_shift, adaln_site
 
 _EPS_MAGIC = 0.07314279675483704  # exactly representable in fp32; every literal equal to it becomes eps
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -227,8 +230,56 @@ def param_examples(n_params: int, D: int) -> list:
 # ---- search forms and replacements, per rms_norm style --------------------------------------------------
 
 
+_B, _S, _D = 2, 5, 16
+
+
+def _plain_examples(style: str, n_params: int, chunks: bool):
+    """A plain form's example inputs: the traced patterns hold no casts (the modulation's type promotion is
+    implicit in aten's mul/add), so the float32 examples and one mixed example (bf16 x, float32 modulation) cover
+    every dtype combination; identical patterns are skipped."""
+
+    def examples():
+        if n_params == 2 and style == "torch":
+            return []  # the rms_norm family makes style="torch" calls without a bias (torch.rms_norm has none)
+        out = []
+        for x_dtype, m_dtype in ((torch.float32, torch.float32), (torch.bfloat16, torch.float32)):
+            x = torch.empty(_B, _S, _D, dtype=x_dtype)
+            shape = (_B, _D) if chunks else (_B, 1, _D)
+            mod = [torch.empty(*shape, dtype=m_dtype) for _ in range(2)]
+            out.append([x, *param_examples(n_params, _D), *mod, _EPS_MAGIC])
+        return out
+
+    return examples
+
+
+def _cast_examples(style: str, search, n_params: int):
+    """A cast form's example inputs: traced for bf16 x (fp16 traces to the same pattern: the matcher re-traces
+    each match on its own dtypes), each weight and modulation dtype. Only where the final cast is a real
+    conversion: a no-op cast is not traced, and the form would then be a plain one with the wrong out_dtype
+    (skip_duplicates would even drop the right plain entry)."""
+
+    def examples():
+        out = []
+        for w_dtype in (torch.bfloat16, torch.float32):
+            for m_dtype in (torch.bfloat16, torch.float32):
+                x = torch.empty(_B, _S, _D, dtype=torch.bfloat16)
+                mod = [torch.empty(_B, 1, _D, dtype=m_dtype) for _ in range(2)]
+                params = [torch.empty(_D, dtype=w_dtype)][:n_params]
+                weight = params[0] if params else None
+                norm_dtype = rms_norm_out_dtype(x, weight, None, style)
+                if "type_as" in search.__name__:
+                    real_cast = rms_expression_dtype(x, weight, None, style, *mod) != x.dtype
+                else:
+                    real_cast = norm_dtype != torch.float32
+                if real_cast:
+                    out.append([x, *params, *mod, _EPS_MAGIC])
+        return out
+
+    return examples
+
+
 def _forms(style: str) -> list:
-    """(search, replace, number of norm parameters, chunks) for one rms_norm style. The argument names are the
+    """The Form records of one rms_norm style. The argument names are the
     match's names (the checks read x, weight, bias, scale, shift, eps)."""
 
     def zero(x, scale, shift, eps):
@@ -276,20 +327,23 @@ def _forms(style: str) -> list:
     def fused_affine_continuous(x, weight, bias, scale, shift, eps):
         return fused_rms(x, scale.unsqueeze(1), shift.unsqueeze(1), eps, weight, bias, style)
 
-    forms = [
-        (affine_zero, fused_affine, 2, False), (affine_zero_scale_first, fused_affine, 2, False),
-        (affine_continuous, fused_affine_continuous, 2, True),
-        (weight_zero, fused_weight, 1, False), (weight_zero_scale_first, fused_weight, 1, False),
-        (weight_continuous, fused_weight_continuous, 1, True),
-        (zero, fused, 0, False), (zero_scale_first, fused, 0, False), (continuous, fused_continuous, 0, True),
-    ]
-    for search, *_ in forms:
+    def form(search, replace, n_params, chunks):
         search.__name__ = f"_rms_{search.__name__}_{style}"  # as the explain report names the closest form
-    return forms
+        return Form(search, replace, _plain_examples(style, n_params, chunks),
+                    check=functools.partial(supported, chunks=chunks))
+
+    return [
+        form(affine_zero, fused_affine, 2, False), form(affine_zero_scale_first, fused_affine, 2, False),
+        form(affine_continuous, fused_affine_continuous, 2, True),
+        form(weight_zero, fused_weight, 1, False), form(weight_zero_scale_first, fused_weight, 1, False),
+        form(weight_continuous, fused_weight_continuous, 1, True),
+        form(zero, fused, 0, False), form(zero_scale_first, fused, 0, False),
+        form(continuous, fused_continuous, 0, True),
+    ]
 
 
 def _cast_forms(style: str) -> list:
-    """The half-precision forms that end in a cast, (search, replace, number of norm parameters):
+    """The Form records of the half-precision forms that end in a cast:
 
     * ACE-Step: ``(norm(h) * (1 + scale) + shift).type_as(h)`` (a float32 modulation table promotes the
       product; the cast brings it back) → ``adaln(..., out_dtype=h.dtype)``;
@@ -325,58 +379,45 @@ def _cast_forms(style: str) -> list:
         out_dtype = rms_norm_out_dtype(x, weight, None, style)
         return torch.ops.fusegraph.adaln(x, scale, shift, eps, weight=weight, out_dtype=out_dtype, norm="rms")
 
-    forms = [
-        (weight_fp32_modulation, fused_weight_fp32_modulation, 1), (fp32_modulation, fused_fp32_modulation, 0),
-        (weight_type_as, fused_weight_type_as, 1), (type_as, fused_type_as, 0),
-    ]
-    for search, *_ in forms:
+    def form(search, replace, n_params):
         search.__name__ = f"_rms_{search.__name__}_{style}"
-    return forms
+        return Form(search, replace, _cast_examples(style, search, n_params), check=supported)
+
+    return [
+        form(weight_fp32_modulation, fused_weight_fp32_modulation, 1), form(fp32_modulation, fused_fp32_modulation, 0),
+        form(weight_type_as, fused_weight_type_as, 1), form(type_as, fused_type_as, 0),
+    ]
 
 
 # ---- registration ------------------------------------------------------------------------------------
 
 
+# Per style, the cast forms first: each contains a plain form.
+FORMS = tuple(f for style in _STYLES for f in (*_cast_forms(style), *_forms(style)))
+
+
 def register(pm: PatternMatcherPass, opts) -> None:
-    """Registers the RMSNorm-modulation forms into ``pm``. The traced patterns hold no casts (the modulation's
-    type promotion is implicit in aten's mul/add), so the float32 examples and one mixed example (bf16 x, float32
-    modulation) cover every dtype combination; identical patterns are skipped."""
+    """Registers the RMSNorm-modulation forms into ``pm``."""
     del opts  # the pass manager decides whether this family runs
     explicit_rms_calls_during(pm)
     prepare_before(pm, split_shared_factors)
-    reg = functools.partial(
-        register_replacement,
-        trace_fn=trace_canonical,
-        pass_dicts=pm,
-        scalar_workaround={"eps": _EPS_MAGIC},
-        skip_duplicates=True,
-    )
-    B, S, D = 2, 5, 16
-    for style in _STYLES:
-        # the cast forms first: each contains a plain form. Traced for bf16 x (fp16 traces to the same pattern:
-        # the matcher re-traces each match on its own dtypes), each weight and modulation dtype.
-        # Only where the final cast is a real conversion: a no-op cast is not traced, and the form would then
-        # be a plain one with the wrong out_dtype (skip_duplicates would even drop the right plain entry).
-        for search, replace, n_params in _cast_forms(style):
-            for w_dtype in (torch.bfloat16, torch.float32):
-                for m_dtype in (torch.bfloat16, torch.float32):
-                    x = torch.empty(B, S, D, dtype=torch.bfloat16)
-                    mod = [torch.empty(B, 1, D, dtype=m_dtype) for _ in range(2)]
-                    params = [torch.empty(D, dtype=w_dtype)][:n_params]
-                    weight = params[0] if params else None
-                    norm_dtype = rms_norm_out_dtype(x, weight, None, style)
-                    if "type_as" in search.__name__:
-                        real_cast = rms_expression_dtype(x, weight, None, style, *mod) != x.dtype
-                    else:
-                        real_cast = norm_dtype != torch.float32
-                    if real_cast:
-                        reg(search, replace, [x, *params, *mod, _EPS_MAGIC], extra_check=supported)
-        for search, replace, n_params, chunks in _forms(style):
-            if n_params == 2 and style == "torch":
-                continue  # the rms_norm family makes style="torch" calls without a bias (torch.rms_norm has none)
-            for x_dtype, m_dtype in ((torch.float32, torch.float32), (torch.bfloat16, torch.float32)):
-                x = torch.empty(B, S, D, dtype=x_dtype)
-                shape = (B, D) if chunks else (B, 1, D)
-                mod = [torch.empty(*shape, dtype=m_dtype) for _ in range(2)]
-                reg(search, replace, [x, *param_examples(n_params, D), *mod, _EPS_MAGIC],
-                    extra_check=functools.partial(supported, chunks=chunks))
+    register_forms(pm, FORMS, trace_fn=trace_canonical, scalars={"eps": _EPS_MAGIC})
+
+
+# ---- lowering, calibration, explain ------------------------------------------------------------------
+
+
+def _claims(node) -> bool:
+    """A ``fusegraph.adaln`` call of this family: an RMSNorm modulation with a shift."""
+    return adaln_shift(node) is not None and node.kwargs.get("norm", "layer") == "rms"
+
+
+def _anchor(node):
+    """A fused RMSNorm followed by ``* (1 + scale) + shift``. (An RMSNorm still unfused is the rms_norm
+    family's candidate: this family starts at the fused op.)"""
+    return "fusegraph.rms_norm" if _anchors.is_fused_rms_norm(node) and _anchors.modulation(node) == "shift" else None
+
+
+FAMILY = Family("adaln_rms", "enable_adalayernorm", register, ops=("adaln.default",), claims=_claims,
+                lowerings={"adaln.default": lower}, calibration=adaln_site(norm="rms", shift=True),
+                candidates=(Candidate(_anchor),), forms=FORMS)

@@ -10,7 +10,11 @@ The constants are GELU's own (not user scalars), so they stay in the pattern.
 """
 import torch
 import torch.nn.functional as F
-from ..._core.torch_pattern_matcher import fwd_only, register_replacement
+from ..._core.torch_pattern_matcher import fwd_only
+
+from . import _anchors
+from ._family import Candidate, Family, Form, overload, register_forms
+from ._lowering import ROW, compute_dtype
 
 # Reduced-precision patterns first: their root (the cast back) comes after the float32 chain they contain.
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -39,9 +43,58 @@ def _input_dtype_is(dtype):
     return check
 
 
+def _examples(dtype):
+    return [[torch.empty(8, 16, dtype=dtype)]]
+
+
+def _check_of(inputs):
+    return _input_dtype_is(inputs[0].dtype)
+
+
+# One record per replacement (``opts.gelu_approximation`` picks one); registered per dtype.
+FORMS = {
+    "tanh": (Form(_search, _replace_tanh, _examples, check_of=_check_of),),
+    "sigmoid": (Form(_search, _replace_sigmoid, _examples, check_of=_check_of),),
+}
+
+
 def register(pm, opts) -> None:
-    replace = _replace_sigmoid if opts.gelu_approximation == "sigmoid" else _replace_tanh
+    forms = FORMS["sigmoid" if opts.gelu_approximation == "sigmoid" else "tanh"]
     for dtype in _DTYPES:
-        x = torch.empty(8, 16, dtype=dtype)
-        register_replacement(_search, replace, [x], fwd_only, pm, extra_check=_input_dtype_is(dtype),
-                             skip_duplicates=True)
+        register_forms(pm, forms, dtype, trace_fn=fwd_only)
+
+
+# ---- lowering, calibration, explain ------------------------------------------------------------------
+
+
+def lower_tanh(out_dtype, x):
+    """``fusegraph.gelu_tanh`` in torch ops."""
+    return torch.nn.functional.gelu(x.to(compute_dtype(x)), approximate="tanh").to(out_dtype)
+
+
+def lower_sigmoid(out_dtype, x):
+    """``fusegraph.fast_gelu`` in torch ops."""
+    xf = x.to(compute_dtype(x))
+    return (xf * torch.sigmoid(1.702 * xf)).to(out_dtype)
+
+
+def _calibration_site(numel, rnd):
+    return overload("gelu_tanh.default"), (rnd(max(numel // ROW, 1), ROW),), {}
+
+
+def _anchor(node):
+    aten = _anchors.aten
+    # tanh-GELU's tanh feeds ``1 + tanh(...)``; a tanh gate (Mochi, Lumina2) is no GELU
+    if _anchors.is_op(node, aten.tanh.default) and any(_anchors.is_op(u, aten.add.Tensor) and 1 in u.args
+                                                       for u in node.users):
+        return "tanh"
+    if _anchors.is_op(node, aten.gelu.default) and node.kwargs.get("approximate") == "tanh":
+        return "gelu(tanh)"
+    return None
+
+
+FAMILY = Family("gelu", "enable_fast_gelu", register, options=("gelu_approximation",),
+                ops=("gelu_tanh.default", "fast_gelu.default"),
+                lowerings={"gelu_tanh.default": lower_tanh, "fast_gelu.default": lower_sigmoid},
+                calibration=_calibration_site, candidates=(Candidate(_anchor),),
+                forms=FORMS["tanh"] + FORMS["sigmoid"])

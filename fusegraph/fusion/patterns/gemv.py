@@ -11,6 +11,9 @@ or, after freezing, the folded constant with the same strides.
 import torch
 from ..._core.torch_pattern_matcher import CallFunction, KeywordArg, register_graph_pattern
 
+from . import _anchors
+from ._family import Candidate, Family
+
 aten = torch.ops.aten
 
 MAX_ROWS = 8
@@ -127,3 +130,19 @@ def register(pm, opts) -> None:
                             extra_check=_check_addmm, pass_dict=pm)
     def _addmm(match, b, x, w):
         replace(match.output_node(), x, w, b)
+
+
+# ---- explain -----------------------------------------------------------------------------------------
+
+
+def _anchor(node):
+    """A linear layer of a few rows with a large weight (mm/addmm), as this family defines its sites."""
+    if _anchors.is_op(node, aten.mm.default) and site_ok(node.args[0], node.args[1]):
+        return "mm of a few rows"
+    if _anchors.is_op(node, aten.addmm.default) and site_ok(node.args[1], node.args[2], node.args[0]):
+        return "addmm of a few rows"
+    return None
+
+
+# Not lowered, not calibrated: it replaces an extern call (mm) for which Inductor generates no code of its own.
+FAMILY = Family("gemv", "enable_gemv", register, ops=("gemv.default",), candidates=(Candidate(_anchor),))

@@ -14,6 +14,9 @@ import operator
 import torch
 from ..._core.torch_pattern_matcher import CallFunction, KeywordArg, register_graph_pattern
 
+from . import _anchors
+from ._family import Candidate, Family
+
 aten = torch.ops.aten
 
 MAX_QUERIES = 8  # query rows per head; above this the flash kernel's blocking pays
@@ -110,3 +113,23 @@ def _replace(match, *args, **kwargs):
     graph.erase_node(getitem)
     if not sdpa.users:
         graph.erase_node(sdpa)
+
+
+# ---- explain -----------------------------------------------------------------------------------------
+
+
+def _anchor(node):
+    """A decode step's SDPA on CPU (at most MAX_QUERIES query rows) whose keys and values are concatenations."""
+    sdpa = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if sdpa is None or not _anchors.is_op(node, sdpa.default) or \
+            not all(_anchors.is_op(a, aten.cat.default) for a in node.args[1:3]):
+        return None
+    q = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    if not isinstance(q, torch.Tensor) or q.dim() != 4 or not isinstance(q.shape[2], int):
+        return None
+    return "scaled_dot_product_attention over cat" if q.shape[2] <= MAX_QUERIES else None
+
+
+# Not lowered, not calibrated: it replaces an extern call (SDPA) for which Inductor generates no code of its own.
+FAMILY = Family("kv_attention", "enable_kv_attention", register, ops=("kv_attention.default",),
+                candidates=(Candidate(_anchor),))

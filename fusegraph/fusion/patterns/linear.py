@@ -22,7 +22,8 @@ import functools
 import torch
 from ..._core.torch_pattern_matcher import CallFunction, KeywordArg, register_graph_pattern
 
-from . import gemv
+from . import _anchors, gemv
+from ._family import Candidate, Family
 
 aten = torch.ops.aten
 
@@ -103,3 +104,20 @@ def register(pm, opts) -> None:
                             extra_check=check_addmm, pass_dict=pm)
     def _addmm(match, b, x, w):
         gemv.replace(match.output_node(), x, w, b, op)
+
+
+# ---- explain -----------------------------------------------------------------------------------------
+
+
+def _anchor(node):
+    """A float32 linear layer of many rows (mm/addmm), as this family defines its sites."""
+    if _anchors.is_op(node, aten.mm.default) and site_ok(node.args[0], node.args[1]):
+        return "float32 mm"
+    if _anchors.is_op(node, aten.addmm.default) and site_ok(node.args[1], node.args[2], node.args[0]):
+        return "float32 addmm"
+    return None
+
+
+# Not lowered, not calibrated: it replaces an extern call (mm) for which Inductor generates no code of its own.
+FAMILY = Family("linear", "enable_linear", register, active=uses_onednn, ops=("linear.default",),
+                candidates=(Candidate(_anchor),))

@@ -14,7 +14,11 @@ import logging
 import numbers
 
 import torch
-from ..._core.torch_pattern_matcher import fwd_only, register_replacement
+from ..._core.torch_pattern_matcher import fwd_only
+
+from . import _anchors
+from ._family import Candidate, Family, Form, overload, register_forms
+from ._lowering import ROW, compute_dtype
 
 log = logging.getLogger("fusegraph")
 _FLOAT = (torch.float32, torch.bfloat16, torch.float16)
@@ -103,27 +107,79 @@ def _op_traceable():
         return f"{type(e).__name__}: {e}"
 
 
+def _wan_examples():
+    # Distinct example tensors for distinct arguments: tracing one tensor twice would tie the wildcards together.
+    return [[torch.empty(2, 3, 8, dtype=dtype), torch.empty(2, 3, 8, dtype=dtype),
+             torch.empty(2, 1, 8, dtype=torch.float32)] for dtype in (torch.bfloat16, torch.float16)]
+
+
+def _scalar_examples():
+    return [[torch.empty(2, 3, 8), torch.empty(2, 3, 8)]]
+
+
+def _tensor_examples():
+    return [[torch.empty(2, 3, 8), torch.empty(2, 1, 8), torch.empty(2, 3, 8)]]
+
+
+_scalar_check = _same_dtype_check(("x", "y"), "scalar")
+_tensor_check = _same_dtype_check(("a", "b", "c"))
+
+# Wan's cast-wrapped form first: its root (the cast back) is visited before the float32 add it contains.
+FORMS = (
+    Form(_wan, _replace_wan, _wan_examples, check_of=lambda inputs: _wan_check(inputs[0].dtype)),
+    Form(_scalar_mul_then_add, _replace_scalar, _scalar_examples, check=_scalar_check,
+         scalars={"scalar": _SCALAR_MAGIC}),
+    Form(_scalar_add_of_mul, _replace_scalar, _scalar_examples, check=_scalar_check,
+         scalars={"scalar": _SCALAR_MAGIC}),
+    Form(_mul_then_add, _replace_tensor, _tensor_examples, check=_tensor_check),
+    Form(_add_of_mul, _replace_tensor, _tensor_examples, check=_tensor_check),
+)
+
+
 def register(pm, opts) -> None:
     why = _op_traceable()
     if why is not None:
         log.warning("fusegraph: mul_add patterns not registered: torch.ops.fusegraph.mul_add cannot be traced (%s)",
                     why)
         return
-    # Wan's cast-wrapped form first: its root (the cast back) is visited before the float32 add it contains.
-    # Distinct example tensors for distinct arguments: tracing one tensor twice would tie the wildcards together.
-    for dtype in (torch.bfloat16, torch.float16):
-        h, y = torch.empty(2, 3, 8, dtype=dtype), torch.empty(2, 3, 8, dtype=dtype)
-        gate = torch.empty(2, 1, 8, dtype=torch.float32)
-        register_replacement(_wan, _replace_wan, [h, y, gate], fwd_only, pm, extra_check=_wan_check(dtype),
-                             skip_duplicates=True)
+    register_forms(pm, FORMS, trace_fn=fwd_only)
 
-    x, y = torch.empty(2, 3, 8), torch.empty(2, 3, 8)
-    for search in (_scalar_mul_then_add, _scalar_add_of_mul):
-        register_replacement(search, _replace_scalar, [x, y], fwd_only, pm,
-                             extra_check=_same_dtype_check(("x", "y"), "scalar"),
-                             scalar_workaround={"scalar": _SCALAR_MAGIC}, skip_duplicates=True)
 
-    g = torch.empty(2, 1, 8)
-    for search in (_mul_then_add, _add_of_mul):
-        register_replacement(search, _replace_tensor, [x, g, y], fwd_only, pm,
-                             extra_check=_same_dtype_check(("a", "b", "c")), skip_duplicates=True)
+# ---- lowering, calibration, explain ------------------------------------------------------------------
+
+
+def lower(out_dtype, a, b, c, *, out_dtype_arg=None):
+    """``fusegraph.mul_add`` (both overloads: ``b`` a tensor or a scalar) in torch ops."""
+    cd = compute_dtype(a, b, c, out_dtype)
+    bb = b.to(cd) if isinstance(b, torch.Tensor) else b
+    return (a.to(cd) * bb + c.to(cd)).to(out_dtype)
+
+
+def _calibration_site(numel, rnd):
+    rows = max(numel // ROW, 1)
+    return overload("mul_add.default"), (rnd(1, rows, ROW), rnd(1, 1, ROW), rnd(1, rows, ROW)), {}
+
+
+def _anchor(node):
+    aten = _anchors.aten
+    val = node.meta.get("val")
+    if not _anchors.is_op(node, aten.add.Tensor) or not (isinstance(val, torch.Tensor) and val.is_floating_point()):
+        return None  # integer index arithmetic (position ids) is no fusion target
+    operands = node.args[:2]  # a tensor added: ``x * s + 1.0`` is no mul_add site
+    if not all(isinstance(a, torch.fx.Node) for a in operands):
+        return None
+    # a product by 1 (``y + 1.0 * x``, a one-row addmm's decomposition) is an add, not a mul_add site
+    products = [a for a in operands if _anchors.is_op(a, aten.mul.Tensor) and not any(
+        isinstance(b, (int, float)) and not isinstance(b, bool) and b == 1 for b in a.args)]
+    return "mul→add" if products else None
+
+
+def _inner(node):
+    """The add and its product: from the line of another family's candidate they are that op's inside (a
+    LayerNorm's affine step, GELU's polynomial), not a site."""
+    return node, next(a for a in node.args[:2] if _anchors.is_op(a, _anchors.aten.mul.Tensor))
+
+
+FAMILY = Family("mul_add", "enable_mul_add", register, ops=("mul_add.default", "mul_add.Scalar"),
+                lowerings={"mul_add.default": lower, "mul_add.Scalar": lower}, calibration=_calibration_site,
+                candidates=(Candidate(_anchor, inner=_inner),), forms=FORMS)

@@ -25,12 +25,15 @@ dim, ``pow(x, 3)`` or a cast to another dtype do not fuse.
 """
 from __future__ import annotations
 
-import functools
+import operator
 
 import torch
-from ..._core.torch_pattern_matcher import Match, PatternMatcherPass, register_replacement
+from ..._core.torch_pattern_matcher import Match, PatternMatcherPass
 
 from ._prepare import prepare_before, split_shared_casts, split_shared_rms_cores
+from . import _anchors
+from ._family import Candidate, Family, Form, overload, register_forms
+from ._lowering import ROW, compute_dtype, rms
 from ._trace import fwd_functional
 
 # A value no real graph holds, exactly representable in fp32 (torch.rms_norm rounds eps to fp32): every
@@ -141,37 +144,83 @@ def _examples(x_dtype, w_dtype, n_tensors):
     return [x, w, torch.empty(16, dtype=w_dtype)][:n_tensors]
 
 
+def _inputs(n_tensors: int, *, transposed: bool = False):
+    """The example-input builder of a form with ``n_tensors`` tensor arguments: per x dtype, the weight in x's
+    dtype (module.to(dtype)) or in another one (fp32 weights, autocast-style graphs); the casts in the traced
+    graph differ per combination, identical patterns are skipped. ``transposed``: also a non-contiguous x (a
+    transposed [B, H, S, D] view), for which torch.rms_norm ends in a clone."""
+
+    def examples():
+        out = []
+        for x_dtype in _DTYPES:
+            for w_dtype in _DTYPES if n_tensors > 1 else (x_dtype,):
+                out.append(_examples(x_dtype, w_dtype, n_tensors) + [_EPS_MAGIC])
+                if transposed:
+                    args = _examples(x_dtype, w_dtype, n_tensors)
+                    args[0] = torch.empty(2, 5, 3, 16, dtype=x_dtype).transpose(1, 2)
+                    out.append(args + [_EPS_MAGIC])
+        return out
+
+    return examples
+
+
+# The larger form first (bias contains the weight form).
+FORMS = (
+    Form(_diffusers_weight_bias, _fused_diffusers_weight_bias, _inputs(3)),
+    Form(_diffusers_weight, _fused_diffusers_weight, _inputs(2)),
+    Form(_diffusers_plain, _fused_diffusers_plain, _inputs(1)),
+    Form(_mochi_weight, _fused_torch_weight, _inputs(2)),
+    Form(_torch_weight, _fused_torch_weight, _inputs(2, transposed=True)),
+    Form(_torch_plain, _fused_torch_plain, _inputs(1, transposed=True)),
+)
+
+
 def register(pm: PatternMatcherPass, opts) -> None:
     """Registers every RMSNorm source form, per dtype combination, into ``pm``."""
     del opts  # the pass manager decides whether this family runs; nothing here depends on its options
     # norm cores and casts merged by freezing's CSE would block matches (cores first: their copies read the
     # input's upcast, which split_shared_casts then gives each norm)
     prepare_before(pm, split_shared_rms_cores, split_shared_casts)
-    reg = functools.partial(
-        register_replacement,
-        trace_fn=fwd_functional,
-        pass_dicts=pm,
-        extra_check=_supported,
-        scalar_workaround={"eps": _EPS_MAGIC},
-        skip_duplicates=True,
-    )
-    forms = (
-        # (search, replace, tensor args); the larger form first (bias contains the weight form)
-        (_diffusers_weight_bias, _fused_diffusers_weight_bias, 3),
-        (_diffusers_weight, _fused_diffusers_weight, 2),
-        (_diffusers_plain, _fused_diffusers_plain, 1),
-        (_mochi_weight, _fused_torch_weight, 2),
-        (_torch_weight, _fused_torch_weight, 2),
-        (_torch_plain, _fused_torch_plain, 1),
-    )
-    for search, replace, n in forms:
-        for x_dtype in _DTYPES:
-            # the weight in x's dtype (module.to(dtype)) or in another one (fp32 weights, autocast-style graphs);
-            # the casts in the traced graph differ per combination, identical patterns are skipped
-            for w_dtype in _DTYPES if n > 1 else (x_dtype,):
-                reg(search, replace, _examples(x_dtype, w_dtype, n) + [_EPS_MAGIC])
-                if search in (_torch_weight, _torch_plain):
-                    # torch.rms_norm of a non-contiguous x (a transposed [B, H, S, D] view) ends in a clone
-                    args = _examples(x_dtype, w_dtype, n)
-                    args[0] = torch.empty(2, 5, 3, 16, dtype=x_dtype).transpose(1, 2)
-                    reg(search, replace, args + [_EPS_MAGIC])
+    register_forms(pm, FORMS, trace_fn=fwd_functional, check=_supported, scalars={"eps": _EPS_MAGIC})
+
+
+# ---- lowering, calibration, explain ------------------------------------------------------------------
+
+
+def lower(out_dtype, x, weight=None, eps=1e-6, bias=None, *, style="torch"):
+    """``fusegraph.rms_norm`` in torch ops (``Family.lowerings``)."""
+    cd = compute_dtype(x, weight, bias)
+    n = rms(x, eps, cd)
+    if style == "diffusers" and weight is not None and weight.dtype in (torch.float16, torch.bfloat16):
+        y = n.to(weight.dtype) * weight  # diffusers: cast to the weight's dtype, then a half-precision product
+        return (y + bias if bias is not None else y).to(out_dtype)
+    if weight is not None:
+        n = n * weight.to(cd)
+    if bias is not None:
+        n = n + bias.to(cd)
+    return n.to(out_dtype)
+
+
+def _calibration_site(numel, rnd):
+    rows = max(numel // ROW, 1)
+    return overload("rms_norm.default"), (rnd(rows, ROW), rnd(ROW), 1e-6), {}
+
+
+def _anchor(node):
+    """An RMSNorm still unfused: its ``mean(x²)``, or an ``rsqrt`` of no LayerNorm and no such mean."""
+    aten = _anchors.aten
+    if _anchors.is_mean_of_square(node):
+        return "mean(x²)"
+    if _anchors.is_op(node, aten.rsqrt.default):
+        # the rsqrt of a LayerNorm (var_mean) or of an RMSNorm already anchored at its mean(x²) is not a new site
+        if any(_anchors.is_op(u, aten.var_mean.correction) or _anchors.is_mean_of_square(u) or
+               (_anchors.is_op(u, operator.getitem) and _anchors.is_op(u.args[0], aten.var_mean.correction))
+               for u in _anchors.upstream(node, 3)):
+            return None
+        return "rsqrt"
+    return None
+
+
+FAMILY = Family("rms_norm", "enable_rms_norm", register, ops=("rms_norm.default",),
+                lowerings={"rms_norm.default": lower}, calibration=_calibration_site, candidates=(Candidate(_anchor),),
+                forms=FORMS)

@@ -117,238 +117,11 @@ from ..._core.torch_pattern_matcher import Match, PatternMatcherPass, register_r
 
 from ._prepare import depends_on, give_copies, prepare_before, split_shared_casts
 from ._trace import fwd_functional, fwd_functional_reshape
+from . import _anchors
+from ._family import Candidate, Family, Form, overload
+from ._lowering import ROW, compute_dtype
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-# ---- search forms (copied from diffusers' code paths, minus the no-op .to(device)) ---------------------
-
-
-def _diffusers_interleaved(x, cos, sin):
-    x_real, x_imag = x.reshape(*x.shape[:-1], -1, 2).unbind(-1)
-    x_rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(3)
-    return (x.float() * cos + x_rotated.float() * sin).to(x.dtype)
-
-
-def _ltx_interleaved(x, cos, sin):
-    """LTX's ``apply_rotary_emb`` and LTX2's ``apply_interleaved_rotary_emb``: the interleaved form on
-    ``[B, S, C]`` (all heads at once, cos/sin ``[B, S, C]``). ``unflatten`` traces to a view with the pair count
-    spelled out where ``reshape(..., -1, 2)`` keeps the -1, hence a form of its own."""
-    x_real, x_imag = x.unflatten(2, (-1, 2)).unbind(-1)
-    x_rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(2)
-    return (x.float() * cos + x_rotated.float() * sin).to(x.dtype)
-
-
-def _diffusers_half(x, cos, sin):
-    x_real, x_imag = x.reshape(*x.shape[:-1], 2, -1).unbind(-2)
-    x_rotated = torch.cat([-x_imag, x_real], dim=-1)
-    return (x.float() * cos + x_rotated.float() * sin).to(x.dtype)
-
-
-def _wan(x, freqs_cos, freqs_sin):
-    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
-    cos = freqs_cos[..., 0::2]
-    sin = freqs_sin[..., 1::2]
-    out = torch.empty_like(x)
-    out[..., 0::2] = x1 * cos - x2 * sin
-    out[..., 1::2] = x1 * sin + x2 * cos
-    return out.type_as(x)
-
-
-def _mochi(x, freqs_cos, freqs_sin):
-    """Mochi's ``apply_rotary_emb`` (nested in ``MochiAttnProcessor2_0``): strided even / odd halves, per-pair
-    tables ``[..., D/2]``, results stacked back pairwise: ``out[2i] = x[2i] c[i] - x[2i+1] s[i]``,
-    ``out[2i+1] = x[2i] s[i] + x[2i+1] c[i]``. In fp32 the ``.float()`` / ``.to(x.dtype)`` casts are no-ops
-    and leave the graph (one form per x dtype, as every form here)."""
-    x_even = x[..., 0::2].float()
-    x_odd = x[..., 1::2].float()
-    cos = (x_even * freqs_cos - x_odd * freqs_sin).to(x.dtype)
-    sin = (x_even * freqs_sin + x_odd * freqs_cos).to(x.dtype)
-    return torch.stack([cos, sin], dim=-1).flatten(-2)
-
-
-def _complex(x, freqs):
-    """``apply_rotary_emb(use_real=False)`` (Lumina2), Z-Image's and QwenImage's copies of it: x's pairs as
-    complex numbers times ``freqs`` (complex64 or complex128, as already unsqueezed to broadcast: the pattern
-    starts there, so ``unsqueeze(1)`` and ``unsqueeze(2)`` alike). With complex128 freqs the product and
-    ``view_as_real`` are float64 and ``type_as(x)`` is a real cast even for fp32 x (a form of its own)."""
-    x_rotated = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
-    return torch.view_as_real(x_rotated * freqs).flatten(3).type_as(x)
-
-
-def _complex_unflatten(x, freqs):
-    """SanaWM's ``_apply_ucpe_transform`` (camera path: q, the K‖V concatenation and the output, forward and
-    inverse): the complex form on the second half of the head dim, ``rotated.to(float32)``, ``.contiguous()``
-    where its last dim is strided, ``view_as_complex(unflatten(-1, (-1, 2)))``, ``view_as_real(... * freqs)
-    .flatten(-2, -1).type_as(rotated)``. :func:`_complex`'s ``reshape(..., -1, 2)`` traces to a view that
-    keeps the -1 on a contiguous x (it spells the pair count out on a strided one): after the ``.contiguous()``
-    the exact re-check refused that form, as ``unflatten`` spells the pair count out (a form of its own). The
-    ``.contiguous()`` stays outside the match (the op reads the copy); ``freqs.conj()`` (``inverse_rope``) is
-    resolved before the product (``_conj`` → a physical conjugate), so it is an input like any table."""
-    x_rotated = torch.view_as_complex(x.to(torch.float32).unflatten(3, (-1, 2)))
-    return torch.view_as_real(x_rotated * freqs).flatten(3, 4).type_as(x)
-
-
-def _hidream(x, freqs_cis):
-    """HiDream's ``apply_rope`` (one of q / k): each pair times its own 2x2 matrix ``freqs_cis[..., i, :, :]``."""
-    x_ = x.float().reshape(*x.shape[:-1], -1, 1, 2)
-    out = freqs_cis[..., 0] * x_[..., 0] + freqs_cis[..., 1] * x_[..., 1]
-    return out.reshape(*x.shape).type_as(x)
-
-
-def _ltx2_split(x, cos, sin):
-    """LTX2's ``apply_split_rotary_emb`` (``rope_type="split"``, the released LTX-2 checkpoints), the branch
-    real models take: q / k ``[B, T, C]`` reshaped to heads, per-head half tables ``[B, H, T, D/2]`` applied to
-    both halves: ``out[k] = x[k] c[k] - x[k+h] s[k]``, ``out[k+h] = x[k+h] c[k] + x[k] s[k]`` (the body is
-    :func:`_ltx2_split_heads`; traced, the two are one chain)."""
-    b, _, t, _ = cos.shape
-    return _ltx2_split_heads(x, cos, sin).reshape(b, t, -1).to(dtype=x.dtype)
-
-
-def _ltx2_split_heads(x, cos, sin):
-    """:func:`_ltx2_split` up to ``out.swapaxes(1, 2)`` (``[B, T, H, D]``): a form of its own for fp32 x. On
-    the inductor=True route the form's last ``reshape(b, t, -1)`` is gone: the attention's
-    ``unflatten(2, (heads, -1))`` right after it makes the two reshapes one, back to the shape the swapaxes
-    has, which Inductor drops as a no-op. (With bf16 / fp16 x the ``.to(x_dtype)`` sits between the two and
-    the whole form stays.)"""
-    b, h, t, _ = cos.shape
-    x = x.reshape(b, t, h, -1).swapaxes(1, 2)
-    last = x.shape[-1]
-    r = last // 2
-    split_x = x.reshape(*x.shape[:-1], 2, r).float()
-    first_x = split_x[..., :1, :]
-    second_x = split_x[..., 1:, :]
-    cos_u = cos.unsqueeze(-2)
-    sin_u = sin.unsqueeze(-2)
-    out = split_x * cos_u
-    first_out = out[..., :1, :]
-    second_out = out[..., 1:, :]
-    first_out.addcmul_(-sin_u, second_x)
-    second_out.addcmul_(sin_u, first_x)
-    out = out.reshape(*out.shape[:-2], last)
-    return out.swapaxes(1, 2)
-
-
-def _rotate_half_slices(x):
-    """Cosmos3's and Ideogram4's ``_rotate_half``: ``cat((-x[..., h:], x[..., :h]), -1)``, ``h = D // 2``."""
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def _rotate_half_chunk(x):
-    """LongCat-Audio's ``_rotate_half`` and the inline rotations of MiniMax-H3, MiniMax-Music3 and Ernie:
-    ``first, second = x.chunk(2, -1)``, ``cat((-second, first), -1)``."""
-    first, second = x.chunk(2, dim=-1)
-    return torch.cat((-second, first), dim=-1)
-
-
-def _rotate_half_unflatten(x):
-    """Stable Audio 3's ``_rotate_half``: ``x.unflatten(-1, (2, -1)).unbind(-2)``, ``cat((-x2, x1), -1)``."""
-    x1, x2 = x.unflatten(-1, (2, -1)).unbind(-2)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def _half_slices(x, cos, sin):
-    """Cosmos3 (x ``[N, H, D]``, cos ``[N, 1, D]``) and Ideogram4 (x ``[B, L, H, D]``, cos ``[B, L, 1, D]``):
-    ``x * cos + _rotate_half(x) * sin`` in x's dtype, no casts (the tables in x's dtype; fp32 tables with a
-    bf16 / fp16 x would make the result fp32, which the op does not give: refused by the output dtype check)."""
-    return x * cos + _rotate_half_slices(x) * sin
-
-
-def _half_chunk(x, cos, sin):
-    """The chunk rotation of :func:`_half_slices` (in x's dtype, no casts)."""
-    return x * cos + _rotate_half_chunk(x) * sin
-
-
-def _half_chunk_cast(x, cos, sin):
-    """LongCat-Audio's ``_apply_rotary_emb``: ``(x.float() * cos + _rotate_half(x).float() * sin).to(x.dtype)``
-    with the chunk rotation (cos ``[1, S, 1, D]``)."""
-    return (x.float() * cos + _rotate_half_chunk(x).float() * sin).to(x.dtype)
-
-
-def _half_slices_cast(x, cos, sin):
-    """:func:`_half_chunk_cast` with the slice rotation."""
-    return (x.float() * cos + _rotate_half_slices(x).float() * sin).to(x.dtype)
-
-
-def _partial_chunk(x, cos, sin):
-    """Partial rotary, rotate-half by ``chunk`` on the first ``R = cos.shape[-1]`` channels, the rest passed
-    through, math in x's dtype: MiniMax-H3's ``_apply_rotary_emb`` (tables ``.to(x.dtype)[None, :, None, :]``,
-    a final ``.contiguous()`` that is no node), MiniMax-Music3's ``_apply_partial_rotary_emb`` (``[S, 1, R]``)
-    and Ernie-Image's nested ``apply_rotary_emb`` (``cos(freqs).to(x.dtype)``: the pattern starts at the
-    tables, so the ``cos`` / ``sin`` of the angles stay outside it)."""
-    r = cos.shape[-1]
-    x_rot, x_pass = x[..., :r], x[..., r:]
-    return torch.cat((x_rot * cos + _rotate_half_chunk(x_rot) * sin, x_pass), dim=-1)
-
-
-def _partial_unflatten_cast(x, cos, sin):
-    """Stable Audio 3's ``_apply_rotary_partial``: ``t_rot = t[..., :R].float()``, ``t_rot * cos +
-    _rotate_half(t_rot) * sin`` (``cos = freqs.cos()`` ``[S, 1, R]``, fp32), ``cat((t_rot.to(t.dtype),
-    t[..., R:]), -1)``."""
-    r = cos.shape[-1]
-    x_rot, x_pass = x[..., :r], x[..., r:]
-    x_rot = x_rot.float()
-    x_rot = x_rot * cos + _rotate_half_unflatten(x_rot) * sin
-    return torch.cat((x_rot.to(x.dtype), x_pass), dim=-1)
-
-
-def _joy(x, cos, sin):
-    """JoyImage's ``_apply_rotary_emb`` (and JoyImage-Edit-Plus' batched copy): the interleaved form with the
-    rotation built from ``x.float()`` (``_rotate_half(x)``: ``x.float().reshape(..., -1, 2).unbind(-1)``,
-    ``stack([-x_imag, x_real], -1).flatten(3)``) and ``type_as(x)``; the same graph as
-    :func:`_diffusers_interleaved` for fp32 x, its own for bf16 / fp16."""
-    x_real, x_imag = x.float().reshape(*x.shape[:-1], -1, 2).unbind(-1)
-    x_rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(3)
-    return (x.float() * cos + x_rotated * sin).type_as(x)
-
-
-def _complex_f64(x, freqs):
-    """AnyFlow's ``apply_rotary_emb`` (and AnyFlow-FAR's copy): the complex form in float64 on CPU / CUDA
-    (``view_as_complex(x.to(float64).unflatten(3, (-1, 2)))``, ``view_as_real(... * freqs).flatten(3, 4)``,
-    ``type_as(x)``). As with Lumina2's complex128 tables, the op computes in fp32 from fp32-rounded tables:
-    a couple of fp32 ulps from the float64 product, taken only because ``type_as(x)`` rounds the result to
-    x's dtype anyway (see :func:`_complex_tables`)."""
-    x_rotated = torch.view_as_complex(x.to(torch.float64).unflatten(3, (-1, 2)))
-    return torch.view_as_real(x_rotated * freqs).flatten(3, 4).type_as(x)
-
-
-def _matrix_sum(x, freqs_cis):
-    """Kandinsky 5's ``apply_rotary`` up to its casts: ``x_ = x.reshape(..., -1, 1, 2).float()``,
-    ``(rope * x_).sum(-1).reshape(x.shape)`` with a 2x2 matrix per pair (``rope [..., D/2, 2, 2]``,
-    ``stack([cos, -sin, sin, cos]).view(2, 2)``): HiDream's product written as a sum. Kandinsky 5 then
-    rounds to bf16 and back (``.to(torch.bfloat16)``, ``.type_as(query)``): those casts stay outside the
-    match, so for fp32 x the source's bf16 rounding is kept as it is."""
-    x_ = x.reshape(*x.shape[:-1], -1, 1, 2).float()
-    return (freqs_cis * x_).sum(dim=-1).reshape(*x.shape)
-
-
-def _matrix_sum_cast(x, freqs_cis):
-    """Kandinsky 6's (and 6-SR's) ``apply_rotary``: ``(rope.float() * x_).sum(-1).reshape(x.shape)
-    .to(x.dtype)`` (fp32 tables: the ``rope.float()`` is no node); Kandinsky 5's with a bf16 x."""
-    x_ = x.reshape(*x.shape[:-1], -1, 1, 2).float()
-    return (freqs_cis * x_).sum(dim=-1).reshape(*x.shape).to(x.dtype)
-
-
-def _sana_wm(x, freqs):
-    """SanaWM's ``_apply_rotary_emb`` on ``(B, H, D, N)`` features (q / k permuted for its linear attention):
-    the complex form on ``x.permute(0, 1, 3, 2)`` (``to(float32)``, ``unflatten(3, (-1, 2))``), the result
-    ``flatten(3, 4).permute(0, 1, 3, 2).type_as(x)``; freqs ``[1, 1, N, D/2]`` complex64."""
-    x_rotated = torch.view_as_complex(x.permute(0, 1, 3, 2).to(torch.float32).unflatten(3, (-1, 2)))
-    x_out = torch.view_as_real(x_rotated * freqs).flatten(3, 4).permute(0, 1, 3, 2)
-    return x_out.type_as(x)
-
-
-def _helios(x, freqs_cos, freqs_sin):
-    """Helios' ``apply_rotary_emb_transposed``: Wan's form with the table slices taken at each use
-    (``cos[..., 0::2]`` twice, ``sin[..., 1::2]`` twice) from ``freqs_cis.unsqueeze(-2).chunk(2, -1)``
-    (the chunk's outputs are the pattern's tables). Freezing's CSE (default route) merges the repeated
-    slices, and the graph is Wan's."""
-    x_1, x_2 = x.unflatten(-1, (-1, 2)).unbind(-1)
-    out = torch.empty_like(x)
-    out[..., 0::2] = x_1 * freqs_cos[..., 0::2] - x_2 * freqs_sin[..., 1::2]
-    out[..., 1::2] = x_1 * freqs_sin[..., 1::2] + x_2 * freqs_cos[..., 0::2]
-    return out.type_as(x)
 
 
 # ---- replacements ------------------------------------------------------------------------------------
@@ -564,6 +337,393 @@ def _supported(match: Match, rank: int, tables=_real_tables, partial: bool = Fal
         return False
 
 
+# ---- example inputs and the check of a form -----------------------------------------------------------
+# Per x dtype, fp32 tables only: a form traced with x.dtype tables gives the same graph (``x.float() * t`` and
+# ``x1 * t`` promote in the op, no cast node), which register_replacement drops as a duplicate after tracing it;
+# the matcher re-traces with the matched dtypes and _supported takes both.
+
+
+def _x(x_dtype):
+    return torch.empty(2, 5, 3, 16, dtype=x_dtype)  # [B, S, H, D]
+
+
+def _tables(*shape) -> list:
+    """cos and sin (two tensors: tracing one tensor twice would tie the wildcards together)."""
+    return [torch.empty(*shape) for _ in range(2)]
+
+
+def _with_tables(*shape):
+    """The example inputs of a form on ``[B, S, H, D]`` x with fp32 cos / sin of ``shape``."""
+    return lambda x_dtype: [[_x(x_dtype), *_tables(*shape)]]
+
+
+def _with_freqs(*shape, dtype=None):
+    """The example inputs of a form on ``[B, S, H, D]`` x with one table (complex freqs of the combination's
+    dtype, or a real fp32 table)."""
+    if dtype is None:
+        return lambda x_dtype, freqs_dtype: [[_x(x_dtype), torch.empty(*shape, dtype=freqs_dtype)]]
+    return lambda x_dtype: [[_x(x_dtype), torch.empty(*shape, dtype=dtype)]]
+
+
+def _half_only(examples):
+    """Only for a bf16 / fp16 x: the form's casts are no-ops in fp32 (the same graph as another form there),
+    which saves its tracing at registration."""
+    return lambda x_dtype, *rest: examples(x_dtype, *rest) if x_dtype != torch.float32 else []
+
+
+def _fp32_only(examples):
+    """Only for an fp32 x: a form without casts traces to one graph for every x dtype (bf16 / fp16 x with
+    x-dtype tables matches the fp32 trace; with fp32 tables the result is fp32, refused by the output dtype
+    check)."""
+    return lambda x_dtype, *rest: examples(x_dtype, *rest) if x_dtype == torch.float32 else []
+
+
+def _check(tables=_real_tables, partial: bool = False, transposed: bool = False):
+    """``Form.check_of``: :func:`_supported` at the example x's rank (checked before the matcher's re-trace:
+    :func:`_register`)."""
+    return lambda inputs: functools.partial(_supported, rank=inputs[0].dim(), tables=tables, partial=partial,
+                                            transposed=transposed)
+
+
+# ---- forms: each search function (copied from diffusers' code paths, minus the no-op .to(device)) and its
+# record (replacement, example inputs, check) ------------------------------------------------------------
+
+
+def _diffusers_interleaved(x, cos, sin):
+    x_real, x_imag = x.reshape(*x.shape[:-1], -1, 2).unbind(-1)
+    x_rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(3)
+    return (x.float() * cos + x_rotated.float() * sin).to(x.dtype)
+
+
+_DIFFUSERS_INTERLEAVED = Form(_diffusers_interleaved, _fused_interleaved, _with_tables(1, 5, 1, 16), check_of=_check())
+
+
+def _ltx_interleaved(x, cos, sin):
+    """LTX's ``apply_rotary_emb`` and LTX2's ``apply_interleaved_rotary_emb``: the interleaved form on
+    ``[B, S, C]`` (all heads at once, cos/sin ``[B, S, C]``). ``unflatten`` traces to a view with the pair count
+    spelled out where ``reshape(..., -1, 2)`` keeps the -1, hence a form of its own."""
+    x_real, x_imag = x.unflatten(2, (-1, 2)).unbind(-1)
+    x_rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(2)
+    return (x.float() * cos + x_rotated.float() * sin).to(x.dtype)
+
+
+# LTX / LTX2: [B, S, C], cos/sin [B, S, C]
+_LTX_INTERLEAVED = Form(_ltx_interleaved, _fused_interleaved,
+                        lambda x_dtype: [[torch.empty(2, 5, 16, dtype=x_dtype), *_tables(2, 5, 16)]],
+                        check_of=_check())
+
+
+def _diffusers_half(x, cos, sin):
+    x_real, x_imag = x.reshape(*x.shape[:-1], 2, -1).unbind(-2)
+    x_rotated = torch.cat([-x_imag, x_real], dim=-1)
+    return (x.float() * cos + x_rotated.float() * sin).to(x.dtype)
+
+
+_DIFFUSERS_HALF = Form(_diffusers_half, _fused_half, _with_tables(1, 5, 1, 16), check_of=_check())
+
+
+def _wan(x, freqs_cos, freqs_sin):
+    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    cos = freqs_cos[..., 0::2]
+    sin = freqs_sin[..., 1::2]
+    out = torch.empty_like(x)
+    out[..., 0::2] = x1 * cos - x2 * sin
+    out[..., 1::2] = x1 * sin + x2 * cos
+    return out.type_as(x)
+
+
+_WAN = Form(_wan, _fused_wan, _with_tables(1, 5, 1, 16), check_of=_check())
+
+
+def _mochi(x, freqs_cos, freqs_sin):
+    """Mochi's ``apply_rotary_emb`` (nested in ``MochiAttnProcessor2_0``): strided even / odd halves, per-pair
+    tables ``[..., D/2]``, results stacked back pairwise: ``out[2i] = x[2i] c[i] - x[2i+1] s[i]``,
+    ``out[2i+1] = x[2i] s[i] + x[2i+1] c[i]``. In fp32 the ``.float()`` / ``.to(x.dtype)`` casts are no-ops
+    and leave the graph (one form per x dtype, as every form here)."""
+    x_even = x[..., 0::2].float()
+    x_odd = x[..., 1::2].float()
+    cos = (x_even * freqs_cos - x_odd * freqs_sin).to(x.dtype)
+    sin = (x_even * freqs_sin + x_odd * freqs_cos).to(x.dtype)
+    return torch.stack([cos, sin], dim=-1).flatten(-2)
+
+
+# x [B, S, H, D] (after unflatten(2, (heads, -1))), per-pair tables [S, H, D/2]
+_MOCHI = Form(_mochi, _fused_mochi, _with_tables(5, 3, 8), check_of=_check(_pair_tables))
+
+
+def _complex(x, freqs):
+    """``apply_rotary_emb(use_real=False)`` (Lumina2), Z-Image's and QwenImage's copies of it: x's pairs as
+    complex numbers times ``freqs`` (complex64 or complex128, as already unsqueezed to broadcast: the pattern
+    starts there, so ``unsqueeze(1)`` and ``unsqueeze(2)`` alike). With complex128 freqs the product and
+    ``view_as_real`` are float64 and ``type_as(x)`` is a real cast even for fp32 x (a form of its own)."""
+    x_rotated = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(x_rotated * freqs).flatten(3).type_as(x)
+
+
+# per (x dtype, freqs dtype): complex128 puts a cast at the end, even for fp32 x
+_COMPLEX = Form(_complex, _fused_complex, _with_freqs(1, 5, 1, 8), check_of=_check(_complex_tables))
+
+
+def _complex_unflatten(x, freqs):
+    """SanaWM's ``_apply_ucpe_transform`` (camera path: q, the K‖V concatenation and the output, forward and
+    inverse): the complex form on the second half of the head dim, ``rotated.to(float32)``, ``.contiguous()``
+    where its last dim is strided, ``view_as_complex(unflatten(-1, (-1, 2)))``, ``view_as_real(... * freqs)
+    .flatten(-2, -1).type_as(rotated)``. :func:`_complex`'s ``reshape(..., -1, 2)`` traces to a view that
+    keeps the -1 on a contiguous x (it spells the pair count out on a strided one): after the ``.contiguous()``
+    the exact re-check refused that form, as ``unflatten`` spells the pair count out (a form of its own). The
+    ``.contiguous()`` stays outside the match (the op reads the copy); ``freqs.conj()`` (``inverse_rope``) is
+    resolved before the product (``_conj`` → a physical conjugate), so it is an input like any table."""
+    x_rotated = torch.view_as_complex(x.to(torch.float32).unflatten(3, (-1, 2)))
+    return torch.view_as_real(x_rotated * freqs).flatten(3, 4).type_as(x)
+
+
+_COMPLEX_UNFLATTEN = Form(_complex_unflatten, _fused_complex, _with_freqs(1, 5, 1, 8), check_of=_check(_complex_tables))
+
+
+def _hidream(x, freqs_cis):
+    """HiDream's ``apply_rope`` (one of q / k): each pair times its own 2x2 matrix ``freqs_cis[..., i, :, :]``."""
+    x_ = x.float().reshape(*x.shape[:-1], -1, 1, 2)
+    out = freqs_cis[..., 0] * x_[..., 0] + freqs_cis[..., 1] * x_[..., 1]
+    return out.reshape(*x.shape).type_as(x)
+
+
+_HIDREAM = Form(_hidream, _fused_hidream, _with_freqs(1, 5, 1, 8, 2, 2, dtype=torch.float32),
+                check_of=_check(_hidream_tables))
+
+
+def _ltx2_split(x, cos, sin):
+    """LTX2's ``apply_split_rotary_emb`` (``rope_type="split"``, the released LTX-2 checkpoints), the branch
+    real models take: q / k ``[B, T, C]`` reshaped to heads, per-head half tables ``[B, H, T, D/2]`` applied to
+    both halves: ``out[k] = x[k] c[k] - x[k+h] s[k]``, ``out[k+h] = x[k+h] c[k] + x[k] s[k]`` (the body is
+    :func:`_ltx2_split_heads`; traced, the two are one chain)."""
+    b, _, t, _ = cos.shape
+    return _ltx2_split_heads(x, cos, sin).reshape(b, t, -1).to(dtype=x.dtype)
+
+
+# x [B, T, H * D], half tables [B, H, T, D/2]
+_LTX2_SPLIT = Form(_ltx2_split, _fused_ltx2_split,
+                   lambda x_dtype: [[torch.empty(2, 5, 24, dtype=x_dtype), *_tables(2, 3, 5, 4)]],
+                   check_of=_check(_split_tables))
+
+
+def _ltx2_split_heads(x, cos, sin):
+    """:func:`_ltx2_split` up to ``out.swapaxes(1, 2)`` (``[B, T, H, D]``): a form of its own for fp32 x. On
+    the inductor=True route the form's last ``reshape(b, t, -1)`` is gone: the attention's
+    ``unflatten(2, (heads, -1))`` right after it makes the two reshapes one, back to the shape the swapaxes
+    has, which Inductor drops as a no-op. (With bf16 / fp16 x the ``.to(x_dtype)`` sits between the two and
+    the whole form stays.)"""
+    b, h, t, _ = cos.shape
+    x = x.reshape(b, t, h, -1).swapaxes(1, 2)
+    last = x.shape[-1]
+    r = last // 2
+    split_x = x.reshape(*x.shape[:-1], 2, r).float()
+    first_x = split_x[..., :1, :]
+    second_x = split_x[..., 1:, :]
+    cos_u = cos.unsqueeze(-2)
+    sin_u = sin.unsqueeze(-2)
+    out = split_x * cos_u
+    first_out = out[..., :1, :]
+    second_out = out[..., 1:, :]
+    first_out.addcmul_(-sin_u, second_x)
+    second_out.addcmul_(sin_u, first_x)
+    out = out.reshape(*out.shape[:-2], last)
+    return out.swapaxes(1, 2)
+
+
+# registered once (fp32 x), after the per-dtype forms
+_LTX2_SPLIT_HEADS = Form(_ltx2_split_heads, _fused_ltx2_split_heads,
+                         lambda: [[torch.empty(2, 5, 24), *_tables(2, 3, 5, 4)]], check_of=_check(_split_heads_tables))
+
+
+def _rotate_half_slices(x):
+    """Cosmos3's and Ideogram4's ``_rotate_half``: ``cat((-x[..., h:], x[..., :h]), -1)``, ``h = D // 2``."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _rotate_half_chunk(x):
+    """LongCat-Audio's ``_rotate_half`` and the inline rotations of MiniMax-H3, MiniMax-Music3 and Ernie:
+    ``first, second = x.chunk(2, -1)``, ``cat((-second, first), -1)``."""
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+def _rotate_half_unflatten(x):
+    """Stable Audio 3's ``_rotate_half``: ``x.unflatten(-1, (2, -1)).unbind(-2)``, ``cat((-x2, x1), -1)``."""
+    x1, x2 = x.unflatten(-1, (2, -1)).unbind(-2)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _half_slices(x, cos, sin):
+    """Cosmos3 (x ``[N, H, D]``, cos ``[N, 1, D]``) and Ideogram4 (x ``[B, L, H, D]``, cos ``[B, L, 1, D]``):
+    ``x * cos + _rotate_half(x) * sin`` in x's dtype, no casts (the tables in x's dtype; fp32 tables with a
+    bf16 / fp16 x would make the result fp32, which the op does not give: refused by the output dtype check)."""
+    return x * cos + _rotate_half_slices(x) * sin
+
+
+# rotate-half by slices / chunk + cat, per (x dtype, layout): Ideogram4 / LongCat-Audio's [B, S, H, D] with
+# [1, S, 1, D] tables (layout 4), Cosmos3's [N, H, D] with [N, 1, D] tables (layout 3, no casts)
+
+
+def _half_layout(x_dtype, layout):
+    if layout == 4:
+        return [[_x(x_dtype), *_tables(1, 5, 1, 16)]]
+    return [[torch.empty(5, 3, 16, dtype=x_dtype), *_tables(5, 1, 16)]]
+
+
+_HALF_SLICES = Form(_half_slices, _fused_half, _fp32_only(_half_layout), check_of=_check())
+
+
+def _half_chunk(x, cos, sin):
+    """The chunk rotation of :func:`_half_slices` (in x's dtype, no casts)."""
+    return x * cos + _rotate_half_chunk(x) * sin
+
+
+_HALF_CHUNK = Form(_half_chunk, _fused_half, _fp32_only(_half_layout), check_of=_check())
+
+
+def _half_chunk_cast(x, cos, sin):
+    """LongCat-Audio's ``_apply_rotary_emb``: ``(x.float() * cos + _rotate_half(x).float() * sin).to(x.dtype)``
+    with the chunk rotation (cos ``[1, S, 1, D]``)."""
+    return (x.float() * cos + _rotate_half_chunk(x).float() * sin).to(x.dtype)
+
+
+# the cast forms only differ from the plain ones for bf16 / fp16 x, and only in layout 4
+_HALF_CHUNK_CAST = Form(_half_chunk_cast, _fused_half,
+                        _half_only(lambda x_dtype, layout: _half_layout(x_dtype, layout) if layout == 4 else []),
+                        check_of=_check())
+
+
+def _half_slices_cast(x, cos, sin):
+    """:func:`_half_chunk_cast` with the slice rotation."""
+    return (x.float() * cos + _rotate_half_slices(x).float() * sin).to(x.dtype)
+
+
+_HALF_SLICES_CAST = Form(_half_slices_cast, _fused_half,
+                         _half_only(lambda x_dtype, layout: _half_layout(x_dtype, layout) if layout == 4 else []),
+                         check_of=_check())
+
+
+def _partial_chunk(x, cos, sin):
+    """Partial rotary, rotate-half by ``chunk`` on the first ``R = cos.shape[-1]`` channels, the rest passed
+    through, math in x's dtype: MiniMax-H3's ``_apply_rotary_emb`` (tables ``.to(x.dtype)[None, :, None, :]``,
+    a final ``.contiguous()`` that is no node), MiniMax-Music3's ``_apply_partial_rotary_emb`` (``[S, 1, R]``)
+    and Ernie-Image's nested ``apply_rotary_emb`` (``cos(freqs).to(x.dtype)``: the pattern starts at the
+    tables, so the ``cos`` / ``sin`` of the angles stay outside it)."""
+    r = cos.shape[-1]
+    x_rot, x_pass = x[..., :r], x[..., r:]
+    return torch.cat((x_rot * cos + _rotate_half_chunk(x_rot) * sin, x_pass), dim=-1)
+
+
+# partial rotary, per (x dtype, R): R = 8 of D = 16, and R = D (Ernie's tables are as wide as the head: the
+# ``x[..., :D]`` slice is a no-op that tracing drops, the pass-through is empty)
+
+
+def _partial_examples(x_dtype, r):
+    return [[_x(x_dtype), *_tables(1, 5, 1, r)]]
+
+
+_PARTIAL_CHUNK = Form(_partial_chunk, _fused_partial_half, _fp32_only(_partial_examples), check_of=_check(partial=True))
+
+
+def _partial_unflatten_cast(x, cos, sin):
+    """Stable Audio 3's ``_apply_rotary_partial``: ``t_rot = t[..., :R].float()``, ``t_rot * cos +
+    _rotate_half(t_rot) * sin`` (``cos = freqs.cos()`` ``[S, 1, R]``, fp32), ``cat((t_rot.to(t.dtype),
+    t[..., R:]), -1)``."""
+    r = cos.shape[-1]
+    x_rot, x_pass = x[..., :r], x[..., r:]
+    x_rot = x_rot.float()
+    x_rot = x_rot * cos + _rotate_half_unflatten(x_rot) * sin
+    return torch.cat((x_rot.to(x.dtype), x_pass), dim=-1)
+
+
+_PARTIAL_UNFLATTEN_CAST = Form(_partial_unflatten_cast, _fused_partial_half, _partial_examples,
+                               check_of=_check(partial=True))
+
+
+def _joy(x, cos, sin):
+    """JoyImage's ``_apply_rotary_emb`` (and JoyImage-Edit-Plus' batched copy): the interleaved form with the
+    rotation built from ``x.float()`` (``_rotate_half(x)``: ``x.float().reshape(..., -1, 2).unbind(-1)``,
+    ``stack([-x_imag, x_real], -1).flatten(3)``) and ``type_as(x)``; the same graph as
+    :func:`_diffusers_interleaved` for fp32 x, its own for bf16 / fp16."""
+    x_real, x_imag = x.float().reshape(*x.shape[:-1], -1, 2).unbind(-1)
+    x_rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(3)
+    return (x.float() * cos + x_rotated * sin).type_as(x)
+
+
+_JOY = Form(_joy, _fused_interleaved, _half_only(_with_tables(1, 5, 1, 16)), check_of=_check())
+
+
+def _complex_f64(x, freqs):
+    """AnyFlow's ``apply_rotary_emb`` (and AnyFlow-FAR's copy): the complex form in float64 on CPU / CUDA
+    (``view_as_complex(x.to(float64).unflatten(3, (-1, 2)))``, ``view_as_real(... * freqs).flatten(3, 4)``,
+    ``type_as(x)``). As with Lumina2's complex128 tables, the op computes in fp32 from fp32-rounded tables:
+    a couple of fp32 ulps from the float64 product, taken only because ``type_as(x)`` rounds the result to
+    x's dtype anyway (see :func:`_complex_tables`)."""
+    x_rotated = torch.view_as_complex(x.to(torch.float64).unflatten(3, (-1, 2)))
+    return torch.view_as_real(x_rotated * freqs).flatten(3, 4).type_as(x)
+
+
+_COMPLEX_F64 = Form(_complex_f64, _fused_complex, _with_freqs(1, 5, 1, 8), check_of=_check(_complex_tables))
+
+
+def _matrix_sum(x, freqs_cis):
+    """Kandinsky 5's ``apply_rotary`` up to its casts: ``x_ = x.reshape(..., -1, 1, 2).float()``,
+    ``(rope * x_).sum(-1).reshape(x.shape)`` with a 2x2 matrix per pair (``rope [..., D/2, 2, 2]``,
+    ``stack([cos, -sin, sin, cos]).view(2, 2)``): HiDream's product written as a sum. Kandinsky 5 then
+    rounds to bf16 and back (``.to(torch.bfloat16)``, ``.type_as(query)``): those casts stay outside the
+    match, so for fp32 x the source's bf16 rounding is kept as it is."""
+    x_ = x.reshape(*x.shape[:-1], -1, 1, 2).float()
+    return (freqs_cis * x_).sum(dim=-1).reshape(*x.shape)
+
+
+_MATRIX_SUM = Form(_matrix_sum, _fused_hidream, _with_freqs(1, 5, 1, 8, 2, 2, dtype=torch.float32),
+                   check_of=_check(_hidream_tables))
+
+
+def _matrix_sum_cast(x, freqs_cis):
+    """Kandinsky 6's (and 6-SR's) ``apply_rotary``: ``(rope.float() * x_).sum(-1).reshape(x.shape)
+    .to(x.dtype)`` (fp32 tables: the ``rope.float()`` is no node); Kandinsky 5's with a bf16 x."""
+    x_ = x.reshape(*x.shape[:-1], -1, 1, 2).float()
+    return (freqs_cis * x_).sum(dim=-1).reshape(*x.shape).to(x.dtype)
+
+
+_MATRIX_SUM_CAST = Form(_matrix_sum_cast, _fused_hidream,
+                        _half_only(_with_freqs(1, 5, 1, 8, 2, 2, dtype=torch.float32)),
+                        check_of=_check(_hidream_tables))
+
+
+def _sana_wm(x, freqs):
+    """SanaWM's ``_apply_rotary_emb`` on ``(B, H, D, N)`` features (q / k permuted for its linear attention):
+    the complex form on ``x.permute(0, 1, 3, 2)`` (``to(float32)``, ``unflatten(3, (-1, 2))``), the result
+    ``flatten(3, 4).permute(0, 1, 3, 2).type_as(x)``; freqs ``[1, 1, N, D/2]`` complex64."""
+    x_rotated = torch.view_as_complex(x.permute(0, 1, 3, 2).to(torch.float32).unflatten(3, (-1, 2)))
+    x_out = torch.view_as_real(x_rotated * freqs).flatten(3, 4).permute(0, 1, 3, 2)
+    return x_out.type_as(x)
+
+
+# x [B, H, D, N] (a permuted view whose D is unit-stride), freqs [1, 1, N, D/2], per (x dtype, freqs dtype)
+_SANA_WM = Form(_sana_wm, _fused_sana_wm,
+                lambda x_dtype, freqs_dtype: [[torch.empty(2, 3, 5, 16, dtype=x_dtype).transpose(-1, -2),
+                                               torch.empty(1, 1, 5, 8, dtype=freqs_dtype)]],
+                check_of=_check(_complex_tables, transposed=True))
+
+
+def _helios(x, freqs_cos, freqs_sin):
+    """Helios' ``apply_rotary_emb_transposed``: Wan's form with the table slices taken at each use
+    (``cos[..., 0::2]`` twice, ``sin[..., 1::2]`` twice) from ``freqs_cis.unsqueeze(-2).chunk(2, -1)``
+    (the chunk's outputs are the pattern's tables). Freezing's CSE (default route) merges the repeated
+    slices, and the graph is Wan's."""
+    x_1, x_2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    out = torch.empty_like(x)
+    out[..., 0::2] = x_1 * freqs_cos[..., 0::2] - x_2 * freqs_sin[..., 1::2]
+    out[..., 1::2] = x_1 * freqs_sin[..., 1::2] + x_2 * freqs_cos[..., 0::2]
+    return out.type_as(x)
+
+
+_HELIOS = Form(_helios, _fused_wan, _with_tables(1, 5, 1, 16), check_of=_check())
+
+
 # ---- shared inputs ------------------------------------------------------------------------------------
 
 _aten = torch.ops.aten
@@ -682,15 +842,14 @@ def _entries(pm: PatternMatcherPass) -> set:
     return {id(e) for entries in pm.patterns.values() for e in entries}
 
 
-def _register(pm: PatternMatcherPass, trace_fn, search_fn, replace_fn, example_inputs, tables=_real_tables,
-              partial: bool = False, transposed: bool = False) -> None:
-    """``register_replacement`` with :func:`_supported` (at the example x's rank) checked *before* the
-    matcher's re-trace of ``search_fn`` on the matched shapes, not after it: forms of one structure at several
-    ranks (and lookalikes of them) are refused silently instead of by a failed, logged trace."""
-    check = functools.partial(_supported, rank=example_inputs[0].dim(), tables=tables, partial=partial,
-                              transposed=transposed)
+def _register(pm: PatternMatcherPass, trace_fn, form: Form, example_inputs) -> None:
+    """``register_replacement`` of one form with its check (:func:`_supported` at the example x's rank) checked
+    *before* the matcher's re-trace of the search function on the matched shapes, not after it: forms of one
+    structure at several ranks (and lookalikes of them) are refused silently instead of by a failed, logged
+    trace."""
+    check = form.check_of(example_inputs)
     before = _entries(pm)
-    register_replacement(search_fn, replace_fn, example_inputs, trace_fn=trace_fn, pass_dicts=pm,
+    register_replacement(form.search, form.replace, example_inputs, trace_fn=trace_fn, pass_dicts=pm,
                          extra_check=check, skip_duplicates=True)
     for entries in pm.patterns.values():
         for entry in entries:
@@ -702,6 +861,23 @@ def _checked_first(check, retrace_and_check, match: Match) -> bool:
     return check(match) and retrace_and_check(match)
 
 
+def _register_forms(pm: PatternMatcherPass, trace_fn, forms, *combination) -> None:
+    for form in forms:
+        for example_inputs in form.examples(*combination):
+            _register(pm, trace_fn, form, example_inputs)
+
+
+_FREQS_DTYPES = (torch.complex64, torch.complex128)
+# The registration order (per x dtype; a group per further combination): a form containing another first.
+_PLAIN = (_WAN, _DIFFUSERS_INTERLEAVED, _DIFFUSERS_HALF, _MOCHI, _LTX_INTERLEAVED)
+_COMPLEX_FORMS = (_COMPLEX, _COMPLEX_UNFLATTEN)  # per freqs dtype
+_MATRIX = (_HIDREAM, _MATRIX_SUM, _HELIOS, _MATRIX_SUM_CAST, _JOY)
+_COMPLEX_LATE = (_COMPLEX_F64, _SANA_WM)  # per freqs dtype
+_HALF = (_HALF_SLICES, _HALF_CHUNK, _HALF_SLICES_CAST, _HALF_CHUNK_CAST)  # per layout (4, 3)
+_PARTIAL = (_PARTIAL_UNFLATTEN_CAST, _PARTIAL_CHUNK)  # per rotated width R (8, 16)
+FORMS = (*_PLAIN, *_COMPLEX_FORMS, *_MATRIX, *_COMPLEX_LATE, _LTX2_SPLIT, *_HALF, *_PARTIAL, _LTX2_SPLIT_HEADS)
+
+
 def register(pm: PatternMatcherPass, opts) -> None:
     """Registers the RoPE source forms, per x dtype (cos/sin fp32 or x's dtype), into ``pm``."""
     del opts  # the pass manager decides whether this family runs
@@ -710,57 +886,62 @@ def register(pm: PatternMatcherPass, opts) -> None:
     # Traced as aot_autograd leaves the graph (views), and with views as reshapes: Inductor's freezing rewrites
     # every view so before its post-grad passes (where the fusion runs on the inductor=True route).
     for trace_fn in (fwd_functional, fwd_functional_reshape):
-        reg = functools.partial(_register, pm, trace_fn)
+        reg = functools.partial(_register_forms, pm, trace_fn)
         for x_dtype in _DTYPES:
-            # fp32 tables only: a form traced with x.dtype tables gives the same graph (``x.float() * t`` and
-            # ``x1 * t`` promote in the op, no cast node), which register_replacement drops as a duplicate
-            # after tracing it; the matcher re-traces with the matched dtypes and _supported takes both.
-            x = torch.empty(2, 5, 3, 16, dtype=x_dtype)  # [B, S, H, D]
-            cs = [torch.empty(1, 5, 1, 16) for _ in range(2)]
-            reg(_wan, _fused_wan, [x, *cs])
-            reg(_diffusers_interleaved, _fused_interleaved, [x, *cs])
-            reg(_diffusers_half, _fused_half, [x, *cs])
-            # Mochi: x [B, S, H, D] (after unflatten(2, (heads, -1))), per-pair tables [S, H, D/2]
-            reg(_mochi, _fused_mochi, [x, *(torch.empty(5, 3, 8) for _ in range(2))], _pair_tables)
-            x3 = torch.empty(2, 5, 16, dtype=x_dtype)  # LTX / LTX2: [B, S, C], cos/sin [B, S, C]
-            reg(_ltx_interleaved, _fused_interleaved, [x3, torch.empty(2, 5, 16), torch.empty(2, 5, 16)])
-            for freqs_dtype in (torch.complex64, torch.complex128):  # c128: a cast at the end, even for fp32 x
-                freqs = torch.empty(1, 5, 1, 8, dtype=freqs_dtype)
-                reg(_complex, _fused_complex, [x, freqs], _complex_tables)
-                reg(_complex_unflatten, _fused_complex, [x, freqs], _complex_tables)
-            reg(_hidream, _fused_hidream, [x, torch.empty(1, 5, 1, 8, 2, 2)], _hidream_tables)
-            reg(_matrix_sum, _fused_hidream, [x, torch.empty(1, 5, 1, 8, 2, 2)], _hidream_tables)
-            reg(_helios, _fused_wan, [x, *cs])
-            # forms whose casts are no-ops in fp32 (the same graph as another form there): bf16 / fp16 only,
-            # which saves their tracing at registration
-            half_x = x_dtype != torch.float32
-            if half_x:
-                reg(_matrix_sum_cast, _fused_hidream, [x, torch.empty(1, 5, 1, 8, 2, 2)], _hidream_tables)
-                reg(_joy, _fused_interleaved, [x, *cs])
-            for freqs_dtype in (torch.complex64, torch.complex128):
-                reg(_complex_f64, _fused_complex, [x, torch.empty(1, 5, 1, 8, dtype=freqs_dtype)], _complex_tables)
-                # SanaWM: x [B, H, D, N] (a permuted view whose D is unit-stride), freqs [1, 1, N, D/2]
-                xt = torch.empty(2, 3, 5, 16, dtype=x_dtype).transpose(-1, -2)
-                reg(_sana_wm, _fused_sana_wm, [xt, torch.empty(1, 1, 5, 8, dtype=freqs_dtype)], _complex_tables,
-                    transposed=True)
-            half = [torch.empty(2, 3, 5, 4) for _ in range(2)]  # [B, H, T, D/2] for x [B, T, H * D]
-            reg(_ltx2_split, _fused_ltx2_split, [torch.empty(2, 5, 24, dtype=x_dtype), *half], _split_tables)
-            # rotate-half by slices / chunk + cat (Cosmos3 [N, H, D] with [N, 1, D] tables, no casts; Ideogram4,
-            # LongCat-Audio [B, S, H, D]); the cast forms only differ from the plain ones for bf16 / fp16 x
-            # Forms without casts trace to one graph for every x dtype (bf16 / fp16 x with x-dtype tables matches
-            # the fp32 trace; with fp32 tables the result is fp32, refused by the output dtype check): once.
-            plain = (_half_slices, _half_chunk) if not half_x else ()
-            casts = (_half_slices_cast, _half_chunk_cast) if half_x else ()
-            x3h = torch.empty(5, 3, 16, dtype=x_dtype)  # Cosmos3: [N, H, D]
-            for xs, ts, forms in ((x, (1, 5, 1, 16), plain + casts), (x3h, (5, 1, 16), plain)):
-                cs = [torch.empty(ts) for _ in range(2)]
-                for form in forms:
-                    reg(form, _fused_half, [xs, *cs])
-            # partial rotary: R = 8 of D = 16, and R = D (Ernie's tables are as wide as the head: the
-            # ``x[..., :D]`` slice is a no-op that tracing drops, the pass-through is empty)
+            reg(_PLAIN, x_dtype)
+            for freqs_dtype in _FREQS_DTYPES:
+                reg(_COMPLEX_FORMS, x_dtype, freqs_dtype)
+            reg(_MATRIX, x_dtype)
+            for freqs_dtype in _FREQS_DTYPES:
+                reg(_COMPLEX_LATE, x_dtype, freqs_dtype)
+            reg((_LTX2_SPLIT,), x_dtype)
+            for layout in (4, 3):
+                reg(_HALF, x_dtype, layout)
             for r in (8, 16):
-                cs = [torch.empty(1, 5, 1, r) for _ in range(2)]
-                for form in (_partial_unflatten_cast,) + (() if half_x else (_partial_chunk,)):
-                    reg(form, _fused_partial_half, [x, *cs], partial=True)
-        half = [torch.empty(2, 3, 5, 4) for _ in range(2)]
-        reg(_ltx2_split_heads, _fused_ltx2_split_heads, [torch.empty(2, 5, 24), *half], _split_heads_tables)
+                reg(_PARTIAL, x_dtype, r)
+        reg((_LTX2_SPLIT_HEADS,))
+
+
+# ---- lowering, calibration, explain ------------------------------------------------------------------
+
+
+def _rot(x, interleaved: bool):
+    if interleaved:
+        pairs = x.unflatten(-1, (-1, 2))
+        return torch.stack([-pairs[..., 1], pairs[..., 0]], dim=-1).flatten(-2)
+    h = x.shape[-1] // 2
+    return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+
+
+def lower(out_dtype, x, cos, sin, *, interleaved=True, rotary_dim=None):
+    """``fusegraph.rope`` in torch ops."""
+    cd = compute_dtype(x, cos, sin)
+    r = x.shape[-1] if rotary_dim is None else rotary_dim
+    part = x[..., :r].to(cd)
+    y = part * cos.to(cd) + _rot(part, bool(interleaved)) * sin.to(cd)
+    if r != x.shape[-1]:
+        y = torch.cat([y, x[..., r:].to(cd)], dim=-1)
+    return y.to(out_dtype)
+
+
+def _calibration_site(numel, rnd):
+    rows = max(numel // ROW, 1)
+    heads = max(rows // 64, 1)
+    seq = max(numel // (heads * 32), 1)
+    x = rnd(1, seq, heads, 32)
+    return overload("rope.default"), (x, rnd(1, seq, 1, 32, dt=torch.float32), rnd(1, seq, 1, 32, dt=torch.float32)), \
+        {"interleaved": True}
+
+
+def _anchor(node):
+    aten = _anchors.aten
+    if _anchors.is_op(node, aten.mul.Tensor) and _anchors.is_complex(node):
+        return "complex mul"
+    if _anchors.is_op(node, aten.view_as_complex.default) and \
+            not any(_anchors.is_op(u, aten.mul.Tensor) for u in node.users):
+        return "view_as_complex"
+    return None
+
+
+FAMILY = Family("rope", "enable_rope", register, ops=("rope.default",), lowerings={"rope.default": lower},
+                calibration=_calibration_site, candidates=(Candidate(_anchor),), forms=FORMS)
