@@ -121,7 +121,8 @@ def test_harness_fails_on_a_hang():
 
 
 def test_single_process_takes_no_rank_decisions():
-    from fusegraph.graph import GraphRunner, ranks
+    from fusegraph._core import ranks
+    from fusegraph.graph import GraphRunner
 
     assert not ranks.distributed_world()
     runner = GraphRunner(lambda x: x * 2)
