@@ -1,6 +1,6 @@
 """fusegraph's files next to Inductor's cache (cost table, conv-packing verdicts, fused counts) are
 never trusted: a malformed, truncated, deeply nested, wrong-typed or foreign file is ignored with one warning and
-rewritten by the next store — never a failed compile (issue 23, item 5)."""
+rewritten by the next store — never a failed compile."""
 import json
 import logging
 

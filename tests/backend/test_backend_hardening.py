@@ -1,5 +1,5 @@
-"""Backend defects found by adversarial use (issue 8 item 7): copies of compiled models, graph logs that
-were lost or overwritten, and what an Inductor cache hit forgot to report."""
+"""The backend under adversarial use: copies of compiled models, graph logs that must be neither lost nor
+overwritten, and what an Inductor cache hit must still report."""
 import copy
 import os
 import pickle

@@ -1,4 +1,4 @@
-"""One compile per graph, decided at compile time (issue 23, item 3): the default route compiles each Dynamo graph
+"""One compile per graph, decided at compile time: the default route compiles each Dynamo graph
 once through Inductor (no second, plain compile to time against), every call's result is bitwise the first call's
 for the same inputs, and the per-site choice reads nothing of the machine's load — the same model compiled in a fresh
 process on a quiet machine and with another process spinning on the other core keeps and lowers the same sites,

@@ -1,4 +1,4 @@
-"""Every way a user changes a weight after compile is read or detected, on every route (issue 22, item 1).
+"""Every way a user changes a weight after compile is read or detected, on every route.
 
 The default freezing holds no copy of any weight: its constants are the parameters or views of them, so an edit
 in place — also one that bypasses the version counter (``w.data += d``, ``w.data.copy_``, a numpy write) — is read

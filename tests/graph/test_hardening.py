@@ -1,6 +1,5 @@
-"""Runtime hardening (issue 8): threads, argument keys, layouts, fallbacks, weights, gradients.
-
-Each test reproduces a defect found by adversarial use and fails without its fix."""
+"""Runtime hardening: threads, argument keys, layouts, fallbacks, weights, gradients — each test an adversarial use
+the runtime must survive with the right result or a clear error."""
 import dataclasses
 import logging
 import threading

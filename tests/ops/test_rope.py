@@ -291,7 +291,7 @@ def test_rotary_dim_must_be_an_int():
 @pytest.mark.parametrize("device", ["cpu", "meta"])  # meta: the fake kernel, same message
 @pytest.mark.parametrize("value,seen", [(None, "None"), (2, "the int 2"), (-1, "the int -1"), (0.5, "the float 0.5")])
 def test_interleaved_must_be_a_bool(value, seen, device):
-    """None used to mean rotate-half (a bool schema argument coerces None to False), 2/0.5 their truth value."""
+    """A bool schema argument would coerce None to False (rotate-half) and 2/0.5 to their truth value: refused."""
     x, cs = torch.ones(x4, device=device), torch.ones(1, S, 1, 8, device=device)
     message = f"fusegraph.rope: argument 'interleaved' is {seen}; expected a bool: True (interleaved pairs) or False"
     with pytest.raises(TypeError, match=message.replace("(", r"\(").replace(")", r"\)")):

@@ -338,8 +338,8 @@ def test_bf16_error_vs_float64(name):
 
 
 # A rejected pattern match is no error: compiling must leave stderr clean (no error-level log lines, no tracebacks,
-# no warnings). LTX and LTX2 used to print 68 and 544 error lines ("Attempting to broadcast a dimension of length
-# 16 ...") while the rope pattern re-traced its rank-4 form on their rank-3 x and fake tensors raised.
+# no warnings). LTX and LTX2 have rank-3 x, on which a re-trace of the rope family's rank-4 forms would print
+# error lines ("Attempting to broadcast a dimension of length 16 ...") from fake tensors.
 _QUIET_SCRIPT = r"""
 import logging, sys, torch
 from fusegraph import Backend, CompilationConfig, zoo
