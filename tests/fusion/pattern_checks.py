@@ -15,7 +15,7 @@ from unittest import mock
 import torch
 import torch._inductor.config as inductor_config
 
-from fusegraph import Backend, CompilationConfig
+from fusegraph import Backend, CompilationConfig, pipeline
 from fusegraph.fusion import passes
 
 ULP = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
@@ -30,7 +30,7 @@ def compile_and_run(fn, *inputs, fullgraph=True, **cfg):
     b = Backend(CompilationConfig(**cfg))
     b.all_ops = collections.Counter()
     fuse_graph = passes.fuse_graph
-    compile_with = b._compile_inductor_with
+    compile_with = pipeline._compile_inductor_with
 
     def attempt(*args, **kwargs):
         before = collections.Counter(b.all_ops)
@@ -40,8 +40,6 @@ def compile_and_run(fn, *inputs, fullgraph=True, **cfg):
             b.all_ops = before
             raise
 
-    b._compile_inductor_with = attempt
-
     def recording_fuse_graph(gm_or_graph, *args, **kwargs):
         counts = fuse_graph(gm_or_graph, *args, **kwargs)
         graph = gm_or_graph.graph if isinstance(gm_or_graph, torch.fx.GraphModule) else gm_or_graph
@@ -50,7 +48,8 @@ def compile_and_run(fn, *inputs, fullgraph=True, **cfg):
 
     torch._dynamo.reset()
     with torch.no_grad(), inductor_config.patch(fx_graph_cache=False), \
-            mock.patch.object(passes, "fuse_graph", recording_fuse_graph):
+            mock.patch.object(passes, "fuse_graph", recording_fuse_graph), \
+            mock.patch.object(pipeline, "_compile_inductor_with", attempt):
         out = torch.compile(fn, backend=b, fullgraph=fullgraph)(*inputs)
     with torch.no_grad():
         eager = fn(*inputs)

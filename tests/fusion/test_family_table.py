@@ -126,3 +126,18 @@ def test_explain_derives_from_the_table():
     explain = importlib.import_module("fusegraph.explain")  # the module (``fusegraph.explain`` is the function)
     assert list(explain.CANDIDATES) == list(FAMILY_NAMES)
     assert all(explain.CANDIDATES[f.name] == f.candidates for f in FAMILIES)
+
+
+@pytest.mark.parametrize("family", [f.name for f in FAMILIES if f.forms])
+def test_the_forms_are_what_the_family_registers(family):
+    """Every pattern the family registers comes from one of its Form records, and every record registers one."""
+    from fusegraph.config import CompilationConfig
+    from fusegraph.fusion import passes
+
+    explain = importlib.import_module("fusegraph.explain")
+    registered = set()
+    for approximation in ("tanh", "sigmoid"):  # gelu's option picks the replacement
+        opts = CompilationConfig(fusion_patterns={"gelu_approximation": approximation}).fusion_patterns
+        pm = passes.pattern_pass(family, opts)
+        registered |= {explain._entry_parts(e)[0] for entries in pm.patterns.values() for e in entries}
+    assert registered == {form.search for form in BY_NAME[family].forms}

@@ -54,10 +54,6 @@ class Form:
     check_of: Optional[Callable] = None
     scalars: Optional[Mapping] = None
 
-    @property
-    def name(self) -> str:
-        return self.search.__name__.lstrip("_")
-
 
 def register_forms(pm, forms, *combination, trace_fn, check=None, scalars=None) -> None:
     """Registers ``forms`` (in order) for one ``combination`` of the family's loop into ``pm``: each form's
@@ -103,7 +99,9 @@ class Family:
     # for ``python -m fusegraph bench calibrate``; None: not calibrated.
     calibration: Optional[Callable] = None
     candidates: tuple = ()  # Candidate records: explain's unfused candidates of this family
-    forms: tuple = ()  # Form records (families registered with register_replacement), in registration order
+    # Form records: every source form the family may register with register_replacement (``register`` decides
+    # the order and the combinations); empty for families registered as graph patterns (kv_attention, gemv, linear)
+    forms: tuple = ()
 
     def __post_init__(self):
         object.__setattr__(self, "lowerings", _frozen(self.lowerings))

@@ -62,13 +62,11 @@ def _fused_rms(x, scale, eps, weight, bias, style):
 _B, _S, _D = 2, 5, 16
 
 
-def _rms_examples(style: str, n_params: int, chunks: bool):
+def _rms_examples(n_params: int, chunks: bool):
     """An RMSNorm form's example inputs: the fused rms_norm op holds no casts, so float32 and one mixed example
     suffice."""
 
     def examples():
-        if n_params == 2 and style == "torch":
-            return []  # the rms_norm family makes style="torch" calls without a bias
         out = []
         for x_dtype, m_dtype in ((torch.float32, torch.float32), (torch.bfloat16, torch.float32)):
             x = torch.empty(_B, _S, _D, dtype=x_dtype)
@@ -134,12 +132,15 @@ def _rms_forms(style: str) -> list:
 
     def form(search, replace, n_params, chunks):
         search.__name__ = f"_rms_{search.__name__}_{style}"
-        return Form(search, replace, _rms_examples(style, n_params, chunks),
+        return Form(search, replace, _rms_examples(n_params, chunks),
                     check=_scale_only_chunks if chunks else _scale_only)
 
-    return [
+    # the rms_norm family makes style="torch" calls without a bias (torch.rms_norm has none): no affine forms there
+    affine = [] if style == "torch" else [
         form(affine_zero, fused_affine, 2, False), form(affine_zero_scale_first, fused_affine, 2, False),
         form(affine_continuous, fused_affine_continuous, 2, True),
+    ]
+    return affine + [
         form(weight_zero, fused_weight, 1, False), form(weight_zero_scale_first, fused_weight, 1, False),
         form(weight_continuous, fused_weight_continuous, 1, True),
         form(zero, fused, 0, False), form(zero_scale_first, fused, 0, False),

@@ -233,14 +233,12 @@ def param_examples(n_params: int, D: int) -> list:
 _B, _S, _D = 2, 5, 16
 
 
-def _plain_examples(style: str, n_params: int, chunks: bool):
+def _plain_examples(n_params: int, chunks: bool):
     """A plain form's example inputs: the traced patterns hold no casts (the modulation's type promotion is
     implicit in aten's mul/add), so the float32 examples and one mixed example (bf16 x, float32 modulation) cover
     every dtype combination; identical patterns are skipped."""
 
     def examples():
-        if n_params == 2 and style == "torch":
-            return []  # the rms_norm family makes style="torch" calls without a bias (torch.rms_norm has none)
         out = []
         for x_dtype, m_dtype in ((torch.float32, torch.float32), (torch.bfloat16, torch.float32)):
             x = torch.empty(_B, _S, _D, dtype=x_dtype)
@@ -329,12 +327,15 @@ def _forms(style: str) -> list:
 
     def form(search, replace, n_params, chunks):
         search.__name__ = f"_rms_{search.__name__}_{style}"  # as the explain report names the closest form
-        return Form(search, replace, _plain_examples(style, n_params, chunks),
+        return Form(search, replace, _plain_examples(n_params, chunks),
                     check=functools.partial(supported, chunks=chunks))
 
-    return [
+    # the rms_norm family makes style="torch" calls without a bias (torch.rms_norm has none): no affine forms there
+    affine = [] if style == "torch" else [
         form(affine_zero, fused_affine, 2, False), form(affine_zero_scale_first, fused_affine, 2, False),
         form(affine_continuous, fused_affine_continuous, 2, True),
+    ]
+    return affine + [
         form(weight_zero, fused_weight, 1, False), form(weight_zero_scale_first, fused_weight, 1, False),
         form(weight_continuous, fused_weight_continuous, 1, True),
         form(zero, fused, 0, False), form(zero_scale_first, fused, 0, False),

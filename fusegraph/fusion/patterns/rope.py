@@ -724,7 +724,7 @@ def _helios(x, freqs_cos, freqs_sin):
 _HELIOS = Form(_helios, _fused_wan, _with_tables(1, 5, 1, 16), check_of=_check())
 
 
-# ---- shared inputs ------------------------------------------------------------------------------------
+# ---- pre-steps: inputs freezing's CSE made shared ---------------------------------------------------
 
 _aten = torch.ops.aten
 
