@@ -5,6 +5,7 @@ its sites and counted in stats.fallbacks.
 A wrong replacement is planted by swapping the gelu family's replacement function (1.25 * gelu_tanh) and
 re-registering that family alone on a copy of the pattern cache; Inductor's caches are off and pointed at a
 fresh directory, so no artifact fused with the planted pattern outlives the test."""
+import dataclasses
 import logging
 import os
 import subprocess
@@ -58,7 +59,8 @@ def _wrong_gelu(x):
 @pytest.fixture
 def planted_gelu(monkeypatch, tmp_path):
     """The gelu family registers ``_wrong_gelu`` as its replacement for the duration of the test."""
-    monkeypatch.setattr(gelu_patterns, "_replace_tanh", _wrong_gelu)
+    forms = tuple(dataclasses.replace(form, replace=_wrong_gelu) for form in gelu_patterns.FORMS["tanh"])
+    monkeypatch.setitem(gelu_patterns.FORMS, "tanh", forms)
     monkeypatch.setattr(passes, "_passes", {k: v for k, v in passes._passes.items() if k[0] != "gelu"})
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setattr(stats_mod, "_logged", set())
@@ -262,7 +264,9 @@ def test_one_of_the_families_sharing_a_switch_is_undone_alone(route, monkeypatch
     of the same graph stays fused."""
     from fusegraph.fusion.patterns import adaln_noshift
 
-    monkeypatch.setattr(adaln_noshift, "_fused_ln_zero", _wrong_ln_noshift)
+    monkeypatch.setattr(adaln_noshift, "LN_FORMS", tuple(
+        dataclasses.replace(form, replace=_wrong_ln_noshift) if form.replace is adaln_noshift._fused_ln_zero else form
+        for form in adaln_noshift.LN_FORMS))
     monkeypatch.setattr(passes, "_passes", {k: v for k, v in passes._passes.items() if k[0] != "adaln_noshift"})
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setattr(stats_mod, "_logged", set())
