@@ -589,12 +589,11 @@ def explain(model_or_fn, *args, config=None, **kwargs) -> ExplainReport:
     breaks: list = []
     real_fuse_graph = passes.fuse_graph
 
-    me = threading.get_ident()
-
     def observed_fuse_graph(gm_or_graph, *a, **kw):
-        # This explain's compiles: on its thread while it compiles and runs the model, counted (a re-compile of a
+        # This explain's compiles (its backend's config; the pipeline passes it on), counted (a re-compile of a
         # graph already counted passes no stats), not already observed.
-        if threading.get_ident() != me or kw.get("stats") is None or kw.get("observer") is not None:
+        config = a[0] if a else kw.get("config")
+        if config is not backend.config or kw.get("stats") is None or kw.get("observer") is not None:
             return real_fuse_graph(gm_or_graph, *a, **kw)  # another compile
         observer = _Observer(opts, len(observers))
         observers.append(observer)

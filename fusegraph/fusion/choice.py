@@ -23,6 +23,7 @@ op, the behaviour before this choice existed.
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -53,19 +54,14 @@ CALIBRATED = tuple(f.name for f in FAMILIES if f.calibrated)
 TABLE_VERSION = 2  # 2: each point also holds the fused op's time (v1 tables, ratios only, are not read)
 _SHIPPED = os.path.join(os.path.dirname(__file__), "cost_cpu.json")
 
-_BY_OP = None
-
-
+@functools.lru_cache(maxsize=None)
 def _ops() -> dict:
     """op overload -> the families (in pass order) whose fused op it is and that the choice may lower."""
-    global _BY_OP
-    if _BY_OP is None:
-        by_op: dict = {}
-        for f in FAMILIES:
-            for name in f.lowerings:
-                by_op.setdefault(overload(name), []).append(f)
-        _BY_OP = {op: tuple(fams) for op, fams in by_op.items()}
-    return _BY_OP
+    by_op: dict = {}
+    for f in FAMILIES:
+        for name in f.lowerings:
+            by_op.setdefault(overload(name), []).append(f)
+    return {op: tuple(fams) for op, fams in by_op.items()}
 
 
 def family_of(node: torch.fx.Node) -> Optional[str]:
@@ -91,20 +87,15 @@ def _lowering(node):
     return _lowerings()[node.target], kw
 
 
-_LOWERINGS = None
-
-
+@functools.lru_cache(maxsize=None)
 def _lowerings() -> dict:
     """op overload -> its lowering, from the family table (one function per op, whichever families emit it)."""
-    global _LOWERINGS
-    if _LOWERINGS is None:
-        found: dict = {}
-        for f in FAMILIES:
-            for name, fn in f.lowerings.items():
-                if found.setdefault(overload(name), fn) is not fn:
-                    raise ValueError(f"two lowerings of fusegraph.{name} in the family table")
-        _LOWERINGS = found
-    return _LOWERINGS
+    found: dict = {}
+    for f in FAMILIES:
+        for name, fn in f.lowerings.items():
+            if found.setdefault(overload(name), fn) is not fn:
+                raise ValueError(f"two lowerings of fusegraph.{name} in the family table")
+    return found
 
 
 def lowered_call(target, *args, **kwargs):

@@ -39,6 +39,16 @@ def upstream(node, depth: int):
     return seen
 
 
+def matmul_anchor(node, site_ok, mm_label: str, addmm_label: str) -> Optional[str]:
+    """``mm_label`` / ``addmm_label`` when ``node`` is an ``mm(x, w)`` / ``addmm(b, x, w)`` whose operands
+    ``site_ok(x, w[, b])`` accepts (the linear layers the gemv and linear families fuse), else None."""
+    if is_op(node, aten.mm.default) and site_ok(node.args[0], node.args[1]):
+        return mm_label
+    if is_op(node, aten.addmm.default) and site_ok(node.args[1], node.args[2], node.args[0]):
+        return addmm_label
+    return None
+
+
 def frames(stack_trace: Optional[str]) -> list:
     """(file, line, function) of each frame outside torch, outermost first."""
     if not stack_trace:

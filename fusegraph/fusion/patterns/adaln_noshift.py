@@ -43,6 +43,7 @@ from . import _anchors
 from ._family import Candidate, Family, Form, register_forms
 from ._lowering import adaln as lower, adaln_shift, adaln_site
 from .adaln import hoist_norm_views, unshare_norms
+from .adaln_rms import rms_modulation_forms
 from .adaln_rms import (_DTYPES, _EPS_MAGIC, _STYLES, _rms, adaln_out_dtype, explicit_rms_calls_during, param_examples,
                         rms_expression_dtype, supported, trace_canonical)
 
@@ -135,17 +136,7 @@ def _rms_forms(style: str) -> list:
         return Form(search, replace, _rms_examples(n_params, chunks),
                     check=_scale_only_chunks if chunks else _scale_only)
 
-    # the rms_norm family makes style="torch" calls without a bias (torch.rms_norm has none): no affine forms there
-    affine = [] if style == "torch" else [
-        form(affine_zero, fused_affine, 2, False), form(affine_zero_scale_first, fused_affine, 2, False),
-        form(affine_continuous, fused_affine_continuous, 2, True),
-    ]
-    return affine + [
-        form(weight_zero, fused_weight, 1, False), form(weight_zero_scale_first, fused_weight, 1, False),
-        form(weight_continuous, fused_weight_continuous, 1, True),
-        form(zero, fused, 0, False), form(zero_scale_first, fused, 0, False),
-        form(continuous, fused_continuous, 0, True),
-    ]
+    return rms_modulation_forms(style, form, locals())
 
 
 def _mochi_forms(style: str) -> list:

@@ -276,6 +276,26 @@ def _cast_examples(style: str, search, n_params: int):
     return examples
 
 
+def rms_modulation_forms(style: str, form, fns: dict) -> list:
+    """The forms of an RMSNorm modulation (this family's and adaln_noshift's), in registration order: affine, weight
+    and weightless norms, each with the scale after, before, and per token. ``fns`` holds the search functions
+    (``affine_zero``, ``weight_continuous``, ...) and replacements (``fused_affine``, ...) by name; ``form(search,
+    replace, n_params, per_token)`` makes one record. The rms_norm family makes style="torch" calls without a bias
+    (torch.rms_norm has none): no affine forms there."""
+    affine = [] if style == "torch" else [
+        form(fns["affine_zero"], fns["fused_affine"], 2, False),
+        form(fns["affine_zero_scale_first"], fns["fused_affine"], 2, False),
+        form(fns["affine_continuous"], fns["fused_affine_continuous"], 2, True),
+    ]
+    return affine + [
+        form(fns["weight_zero"], fns["fused_weight"], 1, False),
+        form(fns["weight_zero_scale_first"], fns["fused_weight"], 1, False),
+        form(fns["weight_continuous"], fns["fused_weight_continuous"], 1, True),
+        form(fns["zero"], fns["fused"], 0, False), form(fns["zero_scale_first"], fns["fused"], 0, False),
+        form(fns["continuous"], fns["fused_continuous"], 0, True),
+    ]
+
+
 def _forms(style: str) -> list:
     """The Form records of one rms_norm style. The argument names are the
     match's names (the checks read x, weight, bias, scale, shift, eps)."""
@@ -330,17 +350,7 @@ def _forms(style: str) -> list:
         return Form(search, replace, _plain_examples(n_params, chunks),
                     check=functools.partial(supported, chunks=chunks))
 
-    # the rms_norm family makes style="torch" calls without a bias (torch.rms_norm has none): no affine forms there
-    affine = [] if style == "torch" else [
-        form(affine_zero, fused_affine, 2, False), form(affine_zero_scale_first, fused_affine, 2, False),
-        form(affine_continuous, fused_affine_continuous, 2, True),
-    ]
-    return affine + [
-        form(weight_zero, fused_weight, 1, False), form(weight_zero_scale_first, fused_weight, 1, False),
-        form(weight_continuous, fused_weight_continuous, 1, True),
-        form(zero, fused, 0, False), form(zero_scale_first, fused, 0, False),
-        form(continuous, fused_continuous, 0, True),
-    ]
+    return rms_modulation_forms(style, form, locals())
 
 
 def _cast_forms(style: str) -> list:

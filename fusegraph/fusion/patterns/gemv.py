@@ -137,11 +137,7 @@ def register(pm, opts) -> None:
 
 def _anchor(node):
     """A linear layer of a few rows with a large weight (mm/addmm), as this family defines its sites."""
-    if _anchors.is_op(node, aten.mm.default) and site_ok(node.args[0], node.args[1]):
-        return "mm of a few rows"
-    if _anchors.is_op(node, aten.addmm.default) and site_ok(node.args[1], node.args[2], node.args[0]):
-        return "addmm of a few rows"
-    return None
+    return _anchors.matmul_anchor(node, site_ok, "mm of a few rows", "addmm of a few rows")
 
 
 # Not lowered, not calibrated: it replaces an extern call (mm) for which Inductor generates no code of its own.

@@ -111,11 +111,7 @@ def register(pm, opts) -> None:
 
 def _anchor(node):
     """A float32 linear layer of many rows (mm/addmm), as this family defines its sites."""
-    if _anchors.is_op(node, aten.mm.default) and site_ok(node.args[0], node.args[1]):
-        return "float32 mm"
-    if _anchors.is_op(node, aten.addmm.default) and site_ok(node.args[1], node.args[2], node.args[0]):
-        return "float32 addmm"
-    return None
+    return _anchors.matmul_anchor(node, site_ok, "float32 mm", "float32 addmm")
 
 
 # Not lowered, not calibrated: it replaces an extern call (mm) for which Inductor generates no code of its own.
