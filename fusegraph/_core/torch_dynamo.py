@@ -6,22 +6,12 @@ import contextlib
 import threading
 
 import torch
+from torch._dynamo.backends.common import aot_autograd  # noqa: F401
+from torch._dynamo.backends.registry import register_backend  # noqa: F401
+from torch._dynamo.exc import RecompileError  # noqa: F401
+from torch._dynamo.utils import counters, graph_break_reasons  # noqa: F401
 
-from .lazy import module_getattr
-
-__getattr__ = module_getattr(__name__, {
-    "register_backend": ("torch._dynamo.backends.registry", "register_backend"),
-    "aot_autograd": ("torch._dynamo.backends.common", "aot_autograd"),
-    "graph_break_reasons": ("torch._dynamo.utils", "graph_break_reasons"),
-    "counters": ("torch._dynamo.utils", "counters"),
-    "RecompileError": ("torch._dynamo.exc", "RecompileError"),
-    "config": ("torch._dynamo.config", None),
-})
-
-
-def reset() -> None:
-    """Forgets every compiled frame (``torch._dynamo.reset``)."""
-    torch._dynamo.reset()
+# Dynamo is imported with fusegraph anyway (the backend registers by name), so these names are bound eagerly.
 
 
 def stance_name():
