@@ -58,8 +58,10 @@ index_select and gather must not work over the batch dim; mm/addmm/linear/gemv n
 non-batched right-hand side, bmm/matmul batch both sides alike; layer/RMS/group norm, eval batch norm, attention,
 conv, pools, pads, embedding and fusegraph's ops need the batch outside the dims they reduce. B used as a value
 (``x / x.shape[0]``), or as a size anywhere but a view or factory, mixes; an op without a rule mixes
-(conservative). A mixed value that reaches an output, a write into a batched input, an output without the batch
-back in dim 0 with k = 1, and (graph routes) an output that is a view of a batched input (aot_autograd rebuilds it
+(conservative). A mixed value that reaches an output, a write into a batched input, a write that depends on the
+batch (batched data, or a region or value from B) into memory that the graph did not allocate batched (an input or
+constant that is not batched, such as a KV cache written at ``cache[:B]``; which tensors a value may alias is read
+from the ops' schema alias annotations), an output without the batch back in dim 0 with k = 1, and (graph routes) an output that is a view of a batched input (aot_autograd rebuilds it
 from the caller's unpadded input) refuse the graph. The graph routes check each aot graph once
 (``graph_route_batch``; the reason in ``stats.fallbacks`` as "batch buckets off for this graph: ..."). GraphRunner
 checks each capture of a bucket that smaller batches pad to: ``fn`` is traced again by make_fx on fakes whose
@@ -73,7 +75,11 @@ A padded call that raises re-raises the same exception type (RuntimeError where 
 chained to the original, naming the padded inputs: "input 0 was padded from batch 3 to bucket 4
 (graph_batch_buckets)".
 
-Functions that mutate a batched input in place are refused (a padded call would mutate the padded copy).
+Functions that mutate a batched input in place are refused (a padded call would mutate the padded copy), and so
+are those that write batch-dependent rows into a tensor that is not batched (a padded call would write the padding
+rows' part of it too, e.g. ``cache[3]`` for a call of batch 3 padded to 4). The graph routes see such a write in
+their functional form (``slice_scatter`` sized by B, copied into the input), GraphRunner's trace as a write through
+a view (``slice``/``narrow``/``as_strided`` + ``copy_``); the same mutation rule refuses both.
 """
 from __future__ import annotations
 
@@ -328,9 +334,12 @@ class _RowCheck:
 
     def __init__(self, gm, batched, symbol):
         self.gm, self.symbol = gm, symbol
-        self.tags, self.views_of = {}, {}  # node -> tag; node -> the batched input it is a view of
+        # node -> tag; node -> the batched input it may alias; node -> the tensors it may alias (_roots)
+        self.tags, self.views_of, self.roots = {}, {}, {}
+        self.inputs = {}  # placeholder -> its position
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         for i, n in enumerate(placeholders):
+            self.inputs[n], self.roots[n] = i, frozenset((n,))
             if i in batched:
                 self.tags[n], self.views_of[n] = _Rows(0, 1), i
             else:
@@ -348,15 +357,53 @@ class _RowCheck:
         for n in self.gm.graph.nodes:
             if n.op == "placeholder":
                 continue
+            if n.op == "output":
+                break
+            self.roots[n] = roots = self._roots(n)
+            views = sorted(self.views_of[r] for r in roots if r in self.views_of and r.op == "placeholder")
+            if views:
+                self.views_of[n] = views[0]
             if n.op == "get_attr":
                 self.tags[n] = None
-            elif n.op == "output":
-                break
             elif n.op == "call_function" and single_overload(n.target) is not None:
                 self.tags[n] = self._op(n, single_overload(n.target))
             else:
                 self.tags[n] = self._other(n)
         return self.tags
+
+    def _roots(self, n):
+        """The tensors whose memory ``n``'s value may be: placeholders, constants (``get_attr``: a module's buffer,
+        a closure's tensor) and nodes that allocate. From the op's schema: an output annotated as an alias
+        (``Tensor(a)``: a view, or the tensor a mutating op returns) is its annotated arguments' memory, any other
+        output is new; a call without a schema may be any of its tensor inputs or new (conservative)."""
+        import operator
+
+        own = frozenset((n,))
+        if n.op in ("placeholder", "get_attr"):
+            return own
+        inputs = self._nodes((n.args, n.kwargs))
+        if n.target is operator.getitem and inputs:
+            parent = n.args[0]
+            roots = self.roots.get(parent, frozenset((parent,)))
+            return own if roots == {parent} else roots  # an item of new outputs is new itself
+        op = single_overload(n.target) if n.op == "call_function" else None
+        if op is None:
+            return own.union(*(self.roots.get(a, frozenset((a,))) for a in inputs))
+        sets, unknown = set(), False
+        for r in op._schema.returns:
+            if r.alias_info is not None:
+                if r.alias_info.before_set:
+                    sets |= r.alias_info.before_set
+                else:  # an annotated list (Tensor(a)[]): may be any annotated argument
+                    unknown = True
+        if not sets and not unknown:
+            return own
+        bound, roots = _bind(op, n.args, n.kwargs), set()
+        for a in op._schema.arguments:
+            if a.alias_info is not None and (unknown or a.alias_info.before_set & sets):
+                for x in self._nodes(bound.get(a.name)):
+                    roots |= self.roots.get(x, frozenset((x,)))
+        return frozenset(roots) or own
 
     @staticmethod
     def _nodes(x):
@@ -373,8 +420,6 @@ class _RowCheck:
             if parent is None or isinstance(parent, _Mix):
                 return parent
             if isinstance(parent, _Rows) and isinstance(v, torch.Tensor):
-                if n.args[0] in self.views_of:
-                    self.views_of[n] = self.views_of[n.args[0]]
                 return _locate(v, self.symbol) or _Mix(
                     f"output {n.args[1]} of {n.args[0].name} does not keep the batch in one dim")
             return _Mix(f"{n.name} takes an item of a batched value")
@@ -437,10 +482,6 @@ class _RowCheck:
                     return _Mix(f"{what} regroups the batch with other dims ({tuple(av.shape)} -> {tuple(out.shape)})")
             elif _size_expr(av, at.dim) != size:
                 return _Mix(f"{what} changes the batch layout of {a.name} ({tuple(av.shape)} -> {tuple(out.shape)})")
-        if name in _VIEWS:
-            src = bound.get("self", bound.get("input"))
-            if isinstance(src, torch.fx.Node) and src in self.views_of:
-                self.views_of[n] = self.views_of[src]
         return tag
 
     def _rule(self, op, name, bound, tags, rows, out):
@@ -574,7 +615,25 @@ class _RowCheck:
             return batch_outside_last(spatial, src) or others_free(src)
         if name in _LAST_K:
             return batch_outside_last(_LAST_K[name], "self")
+        if name in ("slice_scatter", "select_scatter"):
+            # the functional form of a write through a view (aot graphs): as the mutation rule, the batch-dependent
+            # write lands in a batched tensor, each row into its own row (a region sized by B refused above)
+            d, dim = bdim("self"), bound.get("dim", 0)
+            if d is None:
+                return "scatters batched data into a tensor that is not batched"
+            if not isinstance(dim, int):
+                return f"has a symbolic dim {dim}"
+            if dim % max(ndim("self"), 1) == d and not (name == "slice_scatter" and bdim("src") == d):
+                return "scatters over the batch dim"  # (a slice_scatter whose source has the whole batch: all of it)
+            return None
         return "has no row rule (not known to keep rows independent)"
+
+    def _describe(self, r) -> str:
+        if r in self.inputs:
+            return f"input {self.inputs[r]}"
+        if r.op == "get_attr":
+            return f"constant {r.target} (a buffer or captured tensor)"
+        return f"{r.name}"
 
     def _mutation(self, n, op, name, what, bound, tags):
         written = [a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
@@ -589,14 +648,28 @@ class _RowCheck:
             tag = self._op(n, functional)
         else:
             tag = None if all(t is None for t in tags.values()) else _Mix(f"{what} has no row rule")
+        if isinstance(tag, _Mix):
+            raise _Refused(tag.reason)
+        # A write that depends on the batch (batched data, a region or value from the batch size) must land in
+        # memory that is batched alike: a tensor the graph allocates with the batch rows (a view of it is one of
+        # its rows' views, the view rules keep the batch whole). Anything else, an input or constant that is not
+        # batched (a KV cache written at cache[:B]), or a tensor allocated without the batch, would be written at
+        # the bucket's size by a padded call: rows that the call itself leaves untouched.
+        if tag is not None or any(t is not None for t in tags.values()):
+            for key in written:
+                for a in self._nodes(bound.get(key)):
+                    for r in sorted(self.roots.get(a, (a,)), key=lambda r: r.name):
+                        if not isinstance(self.tags.get(r), _Rows):
+                            raise _Refused(f"{what} writes batched data or a batch-sized region into "
+                                           f"{self._describe(r)}, which is not batched (a padded call would "
+                                           "write the padding rows' part of it too)")
         for key in written:
             for a in self._nodes(bound.get(key)):
                 t = tags.get(a)
                 same = (t is None and tag is None) or (
                     isinstance(t, _Rows) and isinstance(tag, _Rows) and (t.dim, t.k) == (tag.dim, tag.k))
                 if not same:
-                    raise _Refused(tag.reason if isinstance(tag, _Mix) else
-                                   f"{what} writes into {a.name}, batched otherwise than what it writes")
+                    raise _Refused(f"{what} writes into {a.name}, batched otherwise than what it writes")
         return tag
 
 

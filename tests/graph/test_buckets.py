@@ -299,7 +299,21 @@ MIXING = {
     "cumsum_dim0": lambda x: x.cumsum(0),
     "by_batch_size": lambda x: x / x.shape[0],
     "batch_norm_train": lambda x: F.batch_norm(x, None, None, training=True),
+    "write_into_a_table": lambda x: _write_into_a_table(x),
 }
+
+
+def _write_into_a_table(x):
+    table = x.new_zeros(8, 16)  # allocated without the batch: a padded call writes table[B] too
+    table[:x.shape[0]] = x
+    return x + table.sum(0)
+
+
+def _write_into_new_rows(x):
+    out = x.new_zeros(x.shape[0], 32)  # allocated with the batch rows: writing its rows keeps them apart
+    out[:, :16] = x
+    out[:, 16:] = x.cos()
+    return out
 
 W16 = torch.randn(16, 16)
 ROW_WISE = {
@@ -312,6 +326,8 @@ ROW_WISE = {
     "view_keeps_dim0": lambda x: x.view(x.shape[0], 4, 4).sum(-1),
     "flatten_linear": lambda x: (x.view(x.shape[0], 2, 8) @ W16[:8]).amax(1),
     "cat_last": lambda x: torch.cat([x, x.cos()], -1),
+    "in_place_on_a_copy": lambda x: x.clone().mul_(2).add_(1),
+    "write_into_new_rows": _write_into_new_rows,
 }
 
 
@@ -478,3 +494,91 @@ def test_backend_route_padded_call_error_says_it_was_padded(route):
     with pytest.raises(IndexError) as excinfo:
         compiled(_bad_ids(3))
     _assert_padded_error(excinfo)
+
+
+# ---- writes into a tensor that is not batched (a decode step's KV-cache write) ----
+# The cache has 8 rows, more than any bucket: a call of batch 3 writes cache[:3] and leaves cache[3] as it was; a
+# call padded to bucket 4 would write cache[3] as well. Such a function is captured per batch size exactly.
+
+CACHE_BUCKETS = (1, 2, 4)
+CACHE_WRITES = {
+    "slice_assign": lambda cache, rows: cache.__setitem__(slice(None, rows.shape[0]), rows),
+    "narrow_copy": lambda cache, rows: cache.narrow(0, 0, rows.shape[0]).copy_(rows),
+    "as_strided_copy": lambda cache, rows: cache.as_strided((rows.shape[0], 16), (16, 1)).copy_(rows),
+    "zero_region": lambda cache, rows: cache[:rows.shape[0]].zero_(),
+    "index_assign": lambda cache, rows: cache.__setitem__(torch.arange(rows.shape[0]), rows),
+    "index_copy": lambda cache, rows: cache.index_copy_(0, torch.arange(rows.shape[0]), rows),
+}
+
+
+def _cache_step(write):
+    def step(cache, rows):
+        write(cache, rows + 1)
+        return rows * 2
+    return step
+
+
+class CacheStep(nn.Module):
+    def __init__(self, step):
+        super().__init__()
+        self.step = step
+        self.register_buffer("cache", torch.full((8, 16), -1.0))
+
+    def forward(self, rows):
+        return self.step(self.cache, rows)
+
+
+@pytest.mark.parametrize("where", ["buffer", "argument"])
+@pytest.mark.parametrize("form", sorted(CACHE_WRITES))
+def test_runner_write_into_a_non_batched_cache_is_not_padded(form, where):
+    """A function writing a batch-sized region of a cache that is not batched (a module buffer, or an argument
+    whose dim 0 is the maximum batch) is refused for buckets, the reason in stats.fallbacks: after every call the
+    cache equals eager's, so a call of batch 3 leaves cache[3] untouched, and no call is padded."""
+    step = _cache_step(CACHE_WRITES[form])
+    if where == "buffer":
+        m = CacheStep(step)
+        r, cache = GraphRunner(m, {"graph_batch_buckets": CACHE_BUCKETS}), m.cache
+
+        def call(rows):
+            return r(rows)
+    else:
+        r, cache = GraphRunner(lambda rows, c: step(c, rows), {"graph_batch_buckets": CACHE_BUCKETS}), \
+            torch.full((8, 16), -1.0)
+
+        def call(rows):
+            return r(rows, cache)
+    ref = torch.full((8, 16), -1.0)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for i, b in enumerate((3, 4, 2, 3)):
+            rows = torch.randn(b, 16)
+            assert torch.equal(call(rows), step(ref, rows))
+            assert torch.equal(cache, ref), f"call {i} (batch {b}): rows {(cache != ref).any(1).nonzero().tolist()}"
+            if i == 0:
+                assert (cache[3] == -1).all()
+    s = r.stats
+    assert s.bucket_padded_calls == 0
+    assert _buckets_off(s.fallbacks) == 1, s.fallbacks
+    (reason,) = [k for k in s.fallbacks if "batch buckets off" in k]
+    if form in ("slice_assign", "narrow_copy"):  # a write through a view of the cache sized by the batch
+        assert "not batched" in reason, reason
+
+
+@pytest.mark.parametrize("route", GRAPH_ROUTES)
+@pytest.mark.parametrize("form", ["slice_assign", "narrow_copy"])
+def test_backend_route_write_into_a_non_batched_cache_is_not_bucketed(route, form):
+    """The graph routes refuse the same cache writes (their functional graph: a slice_scatter sized by the batch
+    copied into the cache); the cache equals eager's after every call."""
+    step = _cache_step(CACHE_WRITES[form])
+    torch._dynamo.reset()
+    backend = fusegraph.Backend(CompilationConfig(**{route: True}, graph_batch_buckets=CACHE_BUCKETS))
+    compiled = torch.compile(step, backend=backend)
+    cache, ref = torch.full((8, 16), -1.0), torch.full((8, 16), -1.0)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for b in (2, 3, 4, 3):
+            rows = torch.randn(b, 16)
+            assert torch.equal(compiled(cache, rows), step(ref, rows))
+            assert torch.equal(cache, ref), f"batch {b}: rows {(cache != ref).any(1).nonzero().tolist()}"
+    assert backend.stats.bucket_padded_calls == 0
+    assert _buckets_off(backend.stats.fallbacks) >= 1, backend.stats.fallbacks
