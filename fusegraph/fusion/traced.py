@@ -10,8 +10,13 @@ search patterns pre-traced (``torch/_inductor/fx_passes/serialized_patterns``); 
   each traced pattern is written as JSON (``_encode``: its nodes, fields, ops by name) and kept with its search
   graph's text
   (which ``register_replacement``'s duplicate check reads), under the family's key, the call's position, the search
-  function's name and its example inputs' shapes and dtypes. A later registration reads the pattern back
-  (``_decode``) instead of tracing.
+  function's module, name and (flattened) argument names and its example inputs' shapes and dtypes. A later
+  registration reads the pattern back (``_decode``) instead of tracing.
+- An entry read back is used only when it is the one written for that key and fits the search function: it holds a
+  digest of its key (``_tag``: an entry moved to another key is dropped when the file is read), and the pattern's
+  argument nodes (``KeywordArg``) name exactly the search function's flattened arguments — the names a match
+  hands to ``register_replacement``'s check, which fails the compile when one is missing. An entry that does not
+  fit is traced instead, with one warning naming its file (``_core.cache``); the next store rewrites the file.
 - A pattern is kept only when what is read back equals the traced one, node by node (``_same``); a pattern holding
   anything ``_encode`` does not know is traced every time.
 - Only the search pattern is kept: ``register_replacement`` is called as before (no ``search_fn_pattern``), so at
@@ -21,13 +26,15 @@ search patterns pre-traced (``torch/_inductor/fx_passes/serialized_patterns``); 
   decompositions) and torch's version. Files: the one ``make build`` writes into the package
   (``traced_patterns.json``, every family with its default options: ``passes.ship_patterns``, run by ``make build``) and one
   per user next to Inductor's cache (``<inductor cache>/fusegraph/patterns/<key>.json``, other options), both read through
-  ``_core.cache.read_json`` (a bad file is ignored with a warning, never a failed compile).
+  ``_core.cache.read_json`` (a bad file is ignored with a warning, never a failed compile). The package's entries
+  take precedence: the user's file only adds patterns the package's lacks.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
 import hashlib
+import inspect
 import itertools
 import json
 import math
@@ -44,11 +51,12 @@ from .._core.cache import read_json
 from .._core.torch_dispatcher import OpOverload
 from .._core.torch_pattern_matcher import module as _pm
 
-VERSION = 1
+VERSION = 2  # 2: entries [pattern source, search graph text, digest of their key]
 SHIPPED = os.path.join(os.path.dirname(__file__), "traced_patterns.json")
 
 _lock = threading.Lock()
-_entries: Optional[dict] = None  # key -> [pattern source, search graph text]
+_entries: Optional[dict] = None  # key -> [pattern source, search graph text, _tag(key)]
+_origin: dict = {}  # key -> the file its entry was read from
 _new: dict = {}  # entries traced in this process, not yet written
 
 
@@ -68,19 +76,35 @@ def user_path() -> str:
     return cache.path("patterns", f"{source_key()}.json")
 
 
-def _check(data) -> dict:
-    if data["key"] != source_key():
-        return {}  # written for other sources or another torch: nothing in it applies
-    return {str(k): [dict(v[0]), str(v[1])] for k, v in data["entries"].items()}
+def _tag(key: str) -> str:
+    """What binds an entry to its key: an entry moved under another key does not carry that key's tag."""
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _checker(path: str):
+    def check(data) -> dict:
+        if data["key"] != source_key():
+            return {}  # written for other sources or another torch: nothing in it applies
+        entries = {str(k): [dict(v[0]), str(v[1]), str(v[2])] for k, v in data["entries"].items()}
+        good = {k: v for k, v in entries.items() if v[2] == _tag(k)}
+        if len(good) != len(entries):
+            cache._warn_once(path, f"{len(entries) - len(good)} entries stored under another pattern's key")
+        return good
+
+    return check
 
 
 def _load() -> dict:
     global _entries
     if _entries is None:
-        entries = {}
-        for path in (SHIPPED, user_path()):
-            entries.update(read_json(path, _check) or {})
+        entries, origin = {}, {}
+        for path in (user_path(), SHIPPED):  # the package's entries win: a user's file only adds to them
+            read = read_json(path, _checker(path)) or {}
+            entries.update(read)
+            origin.update(dict.fromkeys(read, path))
         _entries = entries
+        _origin.clear()
+        _origin.update(origin)
     return _entries
 
 
@@ -133,8 +157,11 @@ def _function(module: str, qualname: str):
     return obj
 
 
-def _decode(data: dict):
+def _decode(data: dict, argnames=None):
+    """The pattern ``_encode`` wrote. With ``argnames``: ValueError unless the pattern's argument nodes name exactly
+    those (the search function's flattened arguments, which every match must bind)."""
     nodes: dict = {}
+    found: set = set()  # the names of the argument nodes reached
 
     def value(v):
         if v is None or isinstance(v, (bool, str, int)):
@@ -169,6 +196,8 @@ def _decode(data: dict):
                 raise ValueError(f"{name!r} is not a pattern class")
             obj = nodes[i] = cls.__new__(cls)
             obj.__dict__.update({k: value(x) for k, x in fields.items()})
+            if cls is _pm.KeywordArg or cls is _pm.ExclusiveKeywordArg:
+                found.add(obj.name)
             if isinstance(obj, _pm._TargetExpr):
                 obj.fns_set = _pm.OrderedSet(obj.fns)
             if isinstance(obj, _pm._TargetArgsExpr):
@@ -177,7 +206,23 @@ def _decode(data: dict):
                 obj.flat_args_kwargs = obj.flatten(obj.args, obj.kwargs)
         return nodes[i]
 
-    return value(data["root"])
+    root = value(data["root"])
+    if argnames is not None and found != set(argnames):
+        raise ValueError(f"its arguments {sorted(found)} are not the search function's {sorted(argnames)}")
+    return root
+
+
+def _argnames(search_fn, example_inputs, args, kwargs) -> list:
+    """The names ``gen_pattern_and_search_gm`` gives the search function's (flattened) arguments."""
+    names = [*inspect.signature(search_fn).parameters]
+    scalar_workaround = kwargs.get("scalar_workaround", args[0] if args else None) or {}
+    if not scalar_workaround and len(example_inputs) == len(names) and \
+            all(isinstance(x, torch.Tensor) for x in example_inputs):
+        return names  # one tensor per argument: the names as they are
+    if hasattr(_pm, "_trace_arg_info"):  # torch that flattens structured arguments
+        flat = _pm._trace_args_for_initial_trace(names, example_inputs, scalar_workaround)
+        return _pm._trace_arg_info(names, flat).flat_argnames
+    return names
 
 
 def _same(a, b, seen=None) -> bool:
@@ -236,21 +281,28 @@ def cached(family_key) -> None:
     def gen(search_fn, example_inputs, trace_fn, *args, **kwargs):
         if threading.get_ident() != owner:
             return original(search_fn, example_inputs, trace_fn, *args, **kwargs)
-        key = repr((family_key, next(position), getattr(search_fn, "__qualname__", "?"),
-                    getattr(trace_fn, "__name__", "?"), _signature(example_inputs), args, sorted(kwargs)))
+        at = next(position)
+        try:
+            argnames = _argnames(search_fn, example_inputs, args, kwargs)
+        except Exception:  # noqa: BLE001 - a search function this cannot name: traced every time
+            return original(search_fn, example_inputs, trace_fn, *args, **kwargs)
+        key = repr((family_key, at, getattr(search_fn, "__module__", "?"),
+                    getattr(search_fn, "__qualname__", "?"), argnames, getattr(trace_fn, "__name__", "?"),
+                    _signature(example_inputs), args, sorted(kwargs)))
         with _lock:
             hit = _load().get(key)
         if hit is not None:
             try:
-                return _decode(hit[0]), _GraphText(hit[1])
-            except Exception:  # noqa: BLE001 - an entry that does not read back: trace it
-                pass
+                return _decode(hit[0], argnames), _GraphText(hit[1])
+            except Exception as e:  # noqa: BLE001 - an entry that does not read back or fit: trace it
+                cache._warn_once(_origin.get(key, "?"), f"an entry does not fit its pattern: {str(e)[:120]}")
         pattern, gm = original(search_fn, example_inputs, trace_fn, *args, **kwargs)
         try:
             source = _encode(pattern)
-            if _same(_decode(json.loads(json.dumps(source))), pattern):
+            if _same(_decode(json.loads(json.dumps(source)), argnames), pattern):
                 with _lock:
-                    _load()[key] = _new[key] = [source, str(gm.graph)]
+                    _load()[key] = _new[key] = [source, str(gm.graph), _tag(key)]
+                    _origin.pop(key, None)
         except Exception:  # noqa: BLE001 - a pattern the printer cannot write: traced every time
             pass
         return pattern, gm
@@ -277,7 +329,7 @@ def flush() -> None:
         if not _new:
             return
         path = user_path()
-        entries = read_json(path, _check) or {}
+        entries = read_json(path, _checker(path)) or {}
         entries.update(_new)
         _new.clear()
         try:
@@ -292,6 +344,7 @@ def ship(register_all) -> int:
     global _entries
     with _lock:
         _entries = {}
+        _origin.clear()
         _new.clear()
     register_all()
     with _lock:

@@ -3,10 +3,16 @@ are the ones tracing gives, node by node, for every family; a registration from 
 file is ignored with one warning and the families trace; ``make build`` leaves the package's file current."""
 import json
 import logging
+import os
 
 import pytest
+import torch
+import torch._inductor.config as inductor_config
+import torch.nn as nn
+import torch.nn.functional as F
 from torch._inductor import pattern_matcher as pm
 
+from fusegraph import Backend, CompilationConfig
 from fusegraph._core import cache
 from fusegraph.config import FusionPatterns
 from fusegraph.fusion import passes, traced
@@ -97,3 +103,60 @@ def test_a_file_for_other_sources_is_not_read(files, monkeypatch):
 def test_the_package_file_is_current():
     """``make build`` (which ``make test`` runs first) traced the families of these sources and this torch."""
     assert traced.shipped_is_current(), f"{traced.SHIPPED}: missing or stale; run make build"
+
+
+class _NormGelu(nn.Module):
+    def __init__(self, d=32):
+        super().__init__()
+        self.norm = nn.RMSNorm(d)
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x):
+        return self.proj(F.gelu(self.norm(x), approximate="tanh"))
+
+
+def _argument_names(entry) -> frozenset:
+    """The argument names (KeywordArg nodes) of a stored pattern."""
+    return frozenset(fields["name"] for cls, fields in entry[0]["nodes"] if cls.endswith("KeywordArg"))
+
+
+def _moved(entries: dict, retag: bool) -> dict:
+    """Each key given another pattern's well-formed entry, one whose pattern takes other arguments (with
+    ``retag``, also carrying the tag of the key it now sits under, as if it had been written for it)."""
+    keys = sorted(entries)
+    moved = {}
+    for i, key in enumerate(keys):
+        donors = (keys[(i + j) % len(keys)] for j in range(len(keys) // 2, len(keys) + len(keys) // 2))
+        donor = next(k for k in donors if _argument_names(entries[k]) != _argument_names(entries[key]))
+        moved[key] = list(entries[donor])
+        if retag:
+            moved[key][2] = traced._tag(key)
+    return moved
+
+
+@pytest.mark.parametrize("case", ["user", "user_over_shipped", "user_retagged"])
+def test_entries_stored_under_other_patterns_keys_are_never_used(files, monkeypatch, caplog, case):
+    """A well-formed file of the current key whose entries belong to other patterns (each key holds another
+    pattern's entry): a model with an RMSNorm and a tanh-GELU compiles on the Inductor route and with
+    inductor=False, matches eager and has both sites fused; the misplaced entries are traced instead, with one
+    warning naming the file. A correct package file takes precedence over such a user file (nothing traced)."""
+    with open(os.path.join(os.path.dirname(traced.__file__), "traced_patterns.json")) as f:
+        real = json.load(f)
+    assert real["key"] == traced.source_key(), "the package's file is stale; run make build"
+    moved = _moved(real["entries"], retag=case == "user_retagged")
+    files["user"].write_text(json.dumps({"key": real["key"], "entries": moved}))
+    if case == "user_over_shipped":
+        files["shipped"].write_text(json.dumps(real))
+    calls = _traces(monkeypatch)
+    model = _NormGelu().eval()
+    x = torch.randn(4, 32)
+    with caplog.at_level(logging.WARNING, logger="fusegraph"), inductor_config.patch(fx_graph_cache=False):
+        for inductor in (True, False):
+            torch._dynamo.reset()
+            b = Backend(CompilationConfig(inductor=inductor))
+            with torch.no_grad():
+                out, ref = torch.compile(model, backend=b)(x), model(x)
+            torch.testing.assert_close(out, ref)
+            assert b.stats.patterns["rms_norm"] == 1 and b.stats.patterns["gelu"] == 1, (inductor, b.stats.patterns)
+    assert sum(str(files["user"]) in r.getMessage() for r in caplog.records) == 1, caplog.text
+    assert len(calls) == 0 if case == "user_over_shipped" else len(calls) > 0
