@@ -17,7 +17,15 @@ and verify's undo of a pattern family. Every such decision is taken identically 
   every rank drop its capture and fall back (or raise) for that signature, naming the rank that failed; the
   memory each rank records is the maximum over the ranks, so memory-budget eviction evicts the same entries;
 - FIFO/LRU eviction and recapture depend only on the sequence of signatures, which is the same on all ranks;
-- verify (``CompilationConfig.verify``) agrees on each "differs" and each undone family (``agree_any``).
+- verify (``CompilationConfig.verify``) runs the graph, collectives included, several times inside the compile: it
+  first checks that every rank is verifying a graph with the same collectives as its n-th verify on the group
+  (``enter_step``), then agrees on each "differs", on the families that fused and on each undone family
+  (``agree_any``, vectors of a fixed length). ``passes._verified`` says why its sequence of collectives cannot
+  differ between ranks; Inductor's caches are bypassed while it verifies with several ranks
+  (``inductor_pass.FusionPass.uuid``), so no rank is served a compile the others run the pass for.
+
+Every exchange made during a compile waits at most ``FUSEGRAPH_RANK_TIMEOUT_S`` seconds (default 600) for the other
+ranks; past that it raises ``RanksOutOfStep`` naming this rank and the step, instead of hanging.
 
 When: only when ``torch.distributed`` is initialised with more than one rank *and* the graph contains collectives
 (for aten graphs: a ``_c10d_functional``/``c10d`` op in it; the group is the one those ops name, or the default
@@ -33,8 +41,10 @@ program's to keep in step, exactly as in eager mode.
 """
 from __future__ import annotations
 
+import datetime
 import functools
 import hashlib
+import os
 import re
 
 import torch
@@ -44,6 +54,35 @@ from .torch_distributed import resolve_process_group
 from .torch_fake import disable_current_modes
 
 COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d_functional", "c10d", "_dtensor")
+
+
+class RanksOutOfStep(RuntimeError):
+    """The ranks of a group are no longer issuing the same collectives: one waited past ``exchange_timeout()`` in an
+    exchange the others did not join, or the ranks entered one step with different graphs or counts. Never
+    swallowed by a fallback: continuing would pair different collectives and hang."""
+
+
+def exchange_timeout() -> float:
+    """Seconds an exchange made during a compile waits for the other ranks (``FUSEGRAPH_RANK_TIMEOUT_S``, default
+    600): long enough for a rank still compiling a large graph, short of a job's own timeout."""
+    try:
+        return max(1.0, float(os.environ.get("FUSEGRAPH_RANK_TIMEOUT_S", "600")))
+    except ValueError:
+        return 600.0
+
+
+def _wait(work, step: str) -> None:
+    """``work.wait()`` with ``exchange_timeout()``; past it, RanksOutOfStep naming this rank and ``step``."""
+    timeout = exchange_timeout()
+    try:
+        work.wait(timeout=datetime.timedelta(seconds=timeout))
+    except RuntimeError as e:
+        if "timed out" not in str(e).lower() and "timeout" not in str(e).lower():
+            raise
+        raise RanksOutOfStep(
+            f"fusegraph: rank {torch.distributed.get_rank()}: {step}: the other ranks of the group did not join this "
+            f"exchange within {timeout:g} s (FUSEGRAPH_RANK_TIMEOUT_S): the ranks are out of step (a rank compiling "
+            f"other graphs, or one that skipped a step the others made)") from None
 
 
 def distributed_world() -> bool:
@@ -131,14 +170,15 @@ def _comm_device(group) -> torch.device:
 
 
 @_outside_modes
-def _all_gather_ints(values: list, group) -> list:
-    """Each rank's ``values`` (the same length on every rank), as a list per rank."""
+def _all_gather_ints(values: list, group, step: str = "an exchange") -> list:
+    """Each rank's ``values`` (the same length on every rank), as a list per rank (waits at most
+    ``exchange_timeout()``)."""
     dist = torch.distributed
     device = _comm_device(group)
     mine = torch.tensor(values, dtype=torch.int64, device=device)
     world = dist.get_world_size(group)
     out = torch.empty(world * len(values), dtype=torch.int64, device=device)
-    dist.all_gather_into_tensor(out, mine, group=group)
+    _wait(dist.all_gather_into_tensor(out, mine, group=group, async_op=True), step)
     return out.view(world, len(values)).tolist()
 
 
@@ -167,7 +207,8 @@ def signature_hash(description: str) -> int:
 def check_signatures(group, description: str, what: str) -> None:
     """Raises on every rank when the ranks of ``group`` are about to capture different input signatures."""
     dist = torch.distributed
-    hashes = [row[0] for row in _all_gather_ints([signature_hash(description)], group)]
+    hashes = [row[0] for row in _all_gather_ints([signature_hash(description)], group,
+                                                  f"{what}: comparing the input signatures")]
     if len(set(hashes)) == 1:
         return
     descriptions = [None] * dist.get_world_size(group)
@@ -202,23 +243,62 @@ def check_call(group, description: str, what: str) -> None:
 def agree_capture(group, failed: bool, memory_bytes: int) -> tuple[list, int]:
     """(global ranks whose capture failed, the largest memory any rank measured)."""
     dist = torch.distributed
-    rows = _all_gather_ints([int(failed), int(memory_bytes)], group)
+    rows = _all_gather_ints([int(failed), int(memory_bytes)], group, "agreeing on a capture's outcome")
     ranks = dist.get_process_group_ranks(group) if group is not None else list(range(len(rows)))
     failed_ranks = [ranks[i] for i, (f, _) in enumerate(rows) if f]
     return failed_ranks, max(m for _, m in rows)
 
 
 @_outside_modes
-def agree_any(group, flags: list) -> list:
+def agree_any(group, flags: list, step: str = "an agreement") -> list:
     """Element-wise OR of ``flags`` (bools, the same length on every rank) over ``group``; ``flags`` itself when
-    ``group`` is None."""
+    ``group`` is None. Waits at most ``exchange_timeout()`` (then RanksOutOfStep naming ``step``)."""
     if group is None:
         return list(flags)
     dist = torch.distributed
     t = torch.tensor([int(bool(f)) for f in flags], dtype=torch.int64, device=_comm_device(group))
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    _wait(dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group, async_op=True), step)
     return [bool(v) for v in t.tolist()]
 
 
-__all__ = ["agree_any", "agree_capture", "check_signatures", "collective_groups", "distributed_world",
-           "group_for_graph", "group_for_runner", "signature_hash", "tensor_signature"]
+def collective_sequence(gm) -> str:
+    """The collectives of an FX graph in graph order (op and group name): what must be the same on every rank."""
+    graph = gm.graph if isinstance(gm, torch.fx.GraphModule) else gm
+    seq = []
+    for n in graph.nodes:
+        op = single_overload(n.target) if n.op == "call_function" else None
+        if op is not None and op._schema.name.split("::", 1)[0] in COLLECTIVE_NAMESPACES:
+            group = n.kwargs.get("group_name", next((a for a in n.args if isinstance(a, str)), ""))
+            seq.append(f"{op._schema.name}[{group}]")
+    return " ".join(seq)
+
+
+_entries: dict = {}  # (step kind, group) -> steps of that kind this process entered on that group
+
+
+@_outside_modes
+def enter_step(group, kind: str, key: str) -> None:
+    """Before a step whose collectives every rank of ``group`` must make alike (verify of a graph with collectives):
+    one all_gather of (hash of ``key``, how many ``kind`` steps this process entered on the group). Equal on every
+    rank: returns. Otherwise every rank raises RanksOutOfStep listing each rank's (key hash, count): the ranks are
+    about to run different collectives (another graph), or one made a step the others did not (a compile served
+    from a cache on one rank). A rank the others never join raises after ``exchange_timeout()``."""
+    if group is None:
+        return
+    dist = torch.distributed
+    slot = (kind, id(group))
+    n = _entries.get(slot, 0) + 1
+    _entries[slot] = n
+    what = f"{kind} #{n} ({key[:200] or 'no collectives'})"
+    rows = _all_gather_ints([signature_hash(key), n], group, f"entering {what}")
+    if all(row == rows[0] for row in rows):
+        return
+    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(len(rows)))
+    listing = "; ".join(f"rank {r}: {kind} #{c}, key {h & 0xFFFFFFFF:08x}" for r, (h, c) in zip(ranks, rows))
+    raise RanksOutOfStep(f"fusegraph: rank {dist.get_rank()}: entering {what}: the ranks are out of step ({listing}); "
+                         f"they would run different collectives")
+
+
+__all__ = ["RanksOutOfStep", "agree_any", "agree_capture", "check_signatures", "collective_groups",
+           "collective_sequence", "distributed_world", "enter_step", "exchange_timeout", "group_for_graph",
+           "group_for_runner", "signature_hash", "tensor_signature"]

@@ -80,6 +80,14 @@ class FusionPass(_PassBase):
                 self.job.record_ops(graph)
 
     def uuid(self):
+        """Inductor's cache key for what this pass does; None (Inductor and AOTAutograd then bypass their caches)
+        while verifying with several ranks: verify exchanges with the other ranks (``passes._verified``), so the
+        pass must run on every rank that compiles, and a cache warm on one rank and cold on another would have the
+        pass, and its collectives, run on some ranks only."""
+        from .._core.ranks import distributed_world
+
+        if self.config.verify and distributed_world():
+            return None
         fp = self.config.fusion_patterns
         opts = tuple(sorted(fp.as_dict().items())) + (("verify", self.config.verify),
                                                       ("choice", self.config.fusion_choice == "always", _choice_key(),

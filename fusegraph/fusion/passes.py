@@ -22,6 +22,7 @@ from typing import Optional
 
 import torch
 import torch.fx
+from .._core.ranks import RanksOutOfStep
 from .._core.torch_pattern_matcher import PatternMatcherPass
 
 from . import traced
@@ -471,23 +472,30 @@ class _Verifier:
 
     def run(self, opts=None, families=None):
         """(outputs or the exception raised, counts, sites per family) of a copy fused with ``opts`` (None:
-        the unfused graph), only ``families`` of them when given."""
-        graph = copy.deepcopy(self.pristine)
-        gm = torch.fx.GraphModule(self.root, graph)
-        counts, sites = dict.fromkeys(FAMILY_NAMES, 0), {}
-        if opts is not None:
-            before = set(graph.nodes)
-            counts = fuse_graph(gm, opts, redundant=self.redundant, only_families=families, reshape_views=True)
-            for node in graph.nodes:
-                if node not in before and node.meta.get("stack_trace"):
-                    sites.setdefault(_site(node), None)
+        the unfused graph), only ``families`` of them when given. Whatever fails, the graph's collectives run once:
+        a copy whose fusion raised runs unfused (its result is the fusion's exception), so every rank makes the same
+        runs (``_verified``)."""
         from .._core.torch_fake import unset_fake_temporarily
 
+        counts, sites, failed = dict.fromkeys(FAMILY_NAMES, 0), {}, None
+        graph = copy.deepcopy(self.pristine)
+        gm = torch.fx.GraphModule(self.root, graph)
+        if opts is not None:
+            try:
+                before = set(graph.nodes)
+                counts = fuse_graph(gm, opts, redundant=self.redundant, only_families=families, reshape_views=True)
+                for node in graph.nodes:
+                    if node not in before and node.meta.get("stack_trace"):
+                        sites.setdefault(_site(node), None)
+            except Exception as e:  # a replacement that breaks the graph is as wrong as one that changes its result
+                failed, counts, sites = e, dict.fromkeys(FAMILY_NAMES, 0), {}
+                gm = torch.fx.GraphModule(self.root, copy.deepcopy(self.pristine))
         try:
             with torch.no_grad(), unset_fake_temporarily(), _same_random_numbers(self.inputs):
-                return gm(*_clone_inputs(self.inputs, self.keep)), counts, list(sites)
-        except Exception as e:  # a replacement that breaks the graph is as wrong as one that changes its result
-            return e, counts, list(sites)
+                out = gm(*_clone_inputs(self.inputs, self.keep))
+        except Exception as e:
+            out = e
+        return (failed if failed is not None else out), counts, list(sites)
 
 
 def _note(stats, reason: str, detail: str = "") -> None:
@@ -499,29 +507,49 @@ def _note(stats, reason: str, detail: str = "") -> None:
 def _verified(graph: torch.fx.Graph, opts, inputs, stats, redundant: bool):
     """(opts, redundant) to fuse the graph with: ``opts`` without the families that changed the result of a fused
     copy of the graph on ``inputs``. The graph itself is not touched here, so it is fused once, with the families
-    that passed: never half-fused."""
-    from .._core.ranks import agree_any, group_for_graph
+    that passed: never half-fused.
 
-    # A graph with collectives runs them in each verifier run: every rank must run as many, and undo the same
-    # families, whatever its own data says (fusegraph/_core/ranks.py). None: single process, nothing exchanged.
-    group = group_for_graph(graph)
+    Ranks in step (a graph with collectives, more than one rank: docs/DESIGN.md "Ranks in step"). Each verifier run
+    runs the graph's collectives, so every rank of the group must make the same runs and exchanges in the same
+    order, whatever its own data, timings or caches say. Here that sequence is a function of agreed values only:
+
+    - it starts with ``ranks.enter_step``: every rank is verifying a graph with the same collectives, as its n-th
+      verify on the group; a rank that verified a graph the others did not (Inductor served the others that compile
+      from a cache: ``FusionPass.uuid`` bypasses those caches for this reason), or verifies another graph, makes
+      every rank raise ``RanksOutOfStep``; a rank the others never join raises after ``FUSEGRAPH_RANK_TIMEOUT_S``;
+    - every exchange has a length that does not depend on the rank (1, or 1 + and then exactly the number of
+      families), and which families are run alone is the union over the ranks of those that fused, agreed, not
+      this rank's own count;
+    - a rank-local failure (a fused copy that raises while fusing or running, a comparison that raises) is a flag
+      in the next exchange, never an early exit;
+    - nothing measured, timed or read from a cache decides anything here, and a round ends or continues on agreed
+      flags only.
+    """
+    from .._core.ranks import agree_any, collective_sequence, enter_step, group_for_graph
+
+    group = group_for_graph(graph)  # None: single process, or no collectives; nothing is exchanged
+    if group is not None:
+        enter_step(group, "verify", collective_sequence(graph))
     verifier = _Verifier(graph, inputs, redundant)
     ref, _, _ = verifier.run()
-    if agree_any(group, [isinstance(ref, Exception)])[0]:
+    if agree_any(group, [isinstance(ref, Exception)], "verify: the unfused run")[0]:
         if not isinstance(ref, Exception):
             ref = RuntimeError("the unfused graph raised on another rank")
         _note(stats, f"verify skipped: the unfused graph did not run on the example inputs ({type(ref).__name__})",
               f": {ref}")
         return opts, redundant, None
     allowed = list(opts.enabled_families())
-    for _ in range(len(FAMILY_NAMES) + 1):
+    for round_ in range(len(FAMILY_NAMES) + 1):
         out, counts, _ = verifier.run(_only(opts, allowed), allowed)
         why = _differs(ref, out)
-        if not agree_any(group, [why is not None])[0]:
+        flags = agree_any(group, [why is not None] + [bool(counts[f]) for f in FAMILY_NAMES],
+                          f"verify round {round_ + 1}: the fused run")
+        if not flags[0]:
             return _only(opts, allowed), redundant, allowed
         why = why or "the result changed on another rank"
-        active = [f for f in allowed if counts[f]]
-        if not active:  # only the redundant-node pass ran
+        fused_anywhere = dict(zip(FAMILY_NAMES, flags[1:]))
+        active = [f for f in allowed if fused_anywhere[f]]
+        if not active:  # only the redundant-node pass ran, on every rank
             _note(stats, "verify: the redundant-node pass changed the result; fusion left off for this graph",
                   f" ({why})")
             return _only(opts, ()), False, []
@@ -532,9 +560,10 @@ def _verified(graph: torch.fx.Graph, opts, inputs, stats, redundant: bool):
             alone_sites[family] = sites
             if alone_why is not None:
                 culprits[family] = (alone_why, sites)
-        agreed = agree_any(group, [f in culprits for f in active])
+        agreed = dict(zip(FAMILY_NAMES, agree_any(group, [f in culprits for f in FAMILY_NAMES],
+                                                  f"verify round {round_ + 1}: each family alone")))
         culprits = {f: culprits.get(f, ("changed the result on another rank", alone_sites[f]))
-                    for f, bad in zip(active, agreed) if bad}
+                    for f in active if agreed[f]}
         if not culprits:  # wrong only together: undo every family that fused something
             culprits = {f: (f"together with {', '.join(a for a in active if a != f)}: {why}", alone_sites[f])
                         for f in active}
@@ -551,8 +580,11 @@ def _differs(ref, out) -> Optional[str]:
 
     if isinstance(out, Exception):
         return f"the fused graph raised {type(out).__name__}: {out}"
-    with torch.no_grad(), unset_fake_temporarily():  # the aten route fuses inside aot_autograd's fake mode
-        return _mismatch(ref, out)
+    try:
+        with torch.no_grad(), unset_fake_temporarily():  # the aten route fuses inside aot_autograd's fake mode
+            return _mismatch(ref, out)
+    except Exception as e:  # a flag like any other difference: never an early exit (_verified)
+        return f"the comparison raised {type(e).__name__}: {e}"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -594,6 +626,8 @@ def fuse_graph(gm_or_graph, config=None, *, stats=None, graph_log: Optional[Grap
             opts, redundant, verified = _verified(graph, opts, verify_inputs, stats, redundant)
             if verified is not None:
                 only_families = verified if only_families is None else [f for f in verified if f in only_families]
+        except RanksOutOfStep:  # the ranks would pair different collectives from here on: never carry on
+            raise
         except Exception as e:  # a safety net must never fail the compile it guards
             _note(stats, f"verify skipped: verification failed ({type(e).__name__})", f": {e}")
     counts = dict.fromkeys(FAMILY_NAMES, 0)

@@ -101,6 +101,21 @@ def test_verify_in_step(results):
     assert all(r["max_diff"] <= 1e-5 for r in both(results, "verify_in_step"))
 
 
+def test_verify_in_step_with_a_warm_cache_and_a_busy_core_on_one_rank(tmp_path):
+    """verify=True on Inductor's route, a graph with collectives: when rank 1's Inductor cache holds the compile and
+    rank 0's does not, with a busy process sharing rank 1's core, every rank still runs the fusion pass and its
+    verify exchanges in step (no rank is served from its cache while another verifies) and gets the right result.
+    Ranks out of step would hang: the exchange timeout and the watchdog turn that into a failure here."""
+    t0 = time.perf_counter()
+    per_rank = run_ranks(["verify_warm_cache_on_one_rank"], nproc=2, timeout=150, busy_rank=1,
+                         env={"FUSEGRAPH_TEST_CACHE_ROOT": str(tmp_path)})
+    rows = both(per_rank, "verify_warm_cache_on_one_rank")
+    for phase in ("cold", "rank 1 warm"):
+        assert all(r[phase]["max_diff"] <= 1e-4 and r[phase]["patterns"] == {"gelu": 1, "mul_add": 1}
+                   for r in rows), rows
+    print(f"verify with one rank's cache warm: {time.perf_counter() - t0:.1f} s")
+
+
 def test_exchanges_communicate_under_a_fake_mode(results):
     """ranks.agree_any / agree_capture / check_call inside a FakeTensorMode (where the aten route verifies) still
     exchange: every rank sees the other's flags (the worker checks the values; a skipped exchange hangs)."""

@@ -448,6 +448,34 @@ def verify_in_step():
 
 
 @scenario
+def verify_warm_cache_on_one_rank():
+    """verify=True on Inductor's route for a graph with collectives, compiled twice: first with each rank's Inductor
+    cache folder empty, then again (Dynamo reset, a new Backend) with rank 0 on a fresh empty folder and rank 1 on
+    its folder from the first compile, which holds that compile. Both times every rank runs the fusion pass and its
+    verify exchanges, in step, and gets the right result."""
+    root = os.environ["FUSEGRAPH_TEST_CACHE_ROOT"]
+    g = torch.Generator().manual_seed(13)  # the same values on every rank
+    w, x = torch.randn(16, 16, generator=g), torch.randn(8, 16, generator=g)
+
+    def fn(x, w):
+        return _all_reduce_fn(x, w)[1]
+
+    out = {}
+    for phase in ("cold", "rank 1 warm"):
+        folder = f"rank{RANK}" if RANK == 1 or phase == "cold" else f"rank{RANK}-fresh"
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(root, folder)
+        torch._dynamo.reset()
+        backend = Backend(CompilationConfig(verify=True, cpp_wrapper=False, fusion_choice="always"))
+        compiled = torch.compile(fn, backend=backend, dynamic=False)
+        with torch.no_grad():
+            d = max_diff(compiled(x * (RANK + 1), w), _expected(x, w)[1])
+        s = backend.stats
+        check(d <= 1e-4 and not s.fallbacks and s.patterns.get("gelu") == 1, f"{phase}: diff {d}, {s}")
+        out[phase] = {"max_diff": d, "patterns": {k: v for k, v in s.patterns.items() if v}}
+    return out
+
+
+@scenario
 def exchange_under_fake_mode():
     """The ranks' agreements run inside aot_autograd's fake mode on the aten route (verify fuses there): each
     must still communicate. Rank-dependent flags; one- and several-element exchanges; a fake mode that skipped
