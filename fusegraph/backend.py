@@ -2,17 +2,14 @@
 (``fusegraph.pipeline``) and keeps what the compiles report: ``stats``, ``last_route``, ``last_graph_ops``, the
 SPEC §1.3 log line.
 
-Per graph: whether to freeze (``enable_freezing``; never a graph with symbolic shapes or under grad), which
-parameters (``freezing.frozen_parameters``), ``pipeline.compile_graph`` -> a ``CompiledGraph`` record, its tally
-absorbed into ``stats``; a frozen compile is returned inside a ``freezing.FrozenGraph`` (the one wrapper around
-what Dynamo gets: it guards the frozen parameters per call and drops them from the arguments), anything else as
-the compile made it.
+Per graph: ``pipeline.compile_graph`` -> a ``CompiledGraph`` record, its tally absorbed into ``stats``, its callable
+handed to Dynamo as the compile made it (an opt-in frozen compile is a ``freezing.FrozenGraph``, made inside the
+pipeline).
 """
 from __future__ import annotations
 
 import collections
 import copy
-import functools
 import itertools
 import logging
 import time
@@ -20,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from . import freezing, pipeline
+from . import pipeline
 from .config import CompilationConfig
 from .fusion import PATTERN_NAMES, passes
 from .stats import Stats
@@ -48,7 +45,7 @@ class Backend:
         self._log_dir = passes.prepare_log_dir(self.config.graph_log_url)
         self._ids = itertools.count()
         self.last_route: Optional[str] = None
-        # The last compiled graph as handed on (after fusion; freezing too on the aten route): op name -> count.
+        # The last compiled graph as handed on (after fusion): op name -> count.
         # Op names are str(target), e.g. "fusegraph.gelu_tanh.default", "aten.tanh.default"; plus "get_attr".
         self.last_graph_ops: collections.Counter = collections.Counter()
 
@@ -71,27 +68,11 @@ class Backend:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
         t0 = time.perf_counter()
         captured_before, seconds_before = self.stats.graphs_captured, self.stats.capture_seconds
-        # The graph and aten routes freeze by default, the Inductor route when asked (enable_freezing): weights
-        # become constants of the graph, so a captured graph holds them instead of copying them into static
-        # buffers on each replay. Dynamo reuses this graph for every module instance of the same class, so the
-        # frozen graph is guarded per call (freezing.FrozenGraph). A graph with symbolic shapes is not frozen: a
-        # re-compile on a guard miss would run outside Dynamo and specialise its shapes.
-        freeze = self._freezes(example_inputs) and not torch.is_grad_enabled()
-        if freeze and freezing.has_symbolic_inputs(gm, example_inputs):
-            log.debug("fusegraph: graph with symbolic shapes: compiled without freezing")
-            freeze = False
-        params = freezing.frozen_parameters(gm, example_inputs) if freeze else {}
         graph_id = next(self._ids)
-        label = f"fusegraph Backend {id(self):#x}"
-        compile_ = functools.partial(pipeline.compile_graph, self.config, self.stats, gm, graph_id=graph_id,
-                                     log_dir=self._log_dir, label=label)
-        record = compile_(example_inputs, params, freeze=freeze)
+        record = pipeline.compile_graph(self.config, self.stats, gm, example_inputs, graph_id=graph_id,
+                                        log_dir=self._log_dir, label=f"fusegraph Backend {id(self):#x}")
         self.stats.absorb(record.job.tally)
         self.last_route, self.last_graph_ops = record.route, record.job.ops
-        compiled = record.fn
-        if params:  # a re-specialisation is a re-compile of a graph already counted
-            compiled = freezing.FrozenGraph(functools.partial(compile_, count=False), self.stats, params, record,
-                                            copies=freezing.holds_copies(self.config))
         job = record.job
         if record.route == "default" and self.config.inductor and job.counts is not None:
             kept = sum(job.counts.values()) - sum((job.lowered or {}).values())
@@ -102,13 +83,7 @@ class Backend:
                                self.stats.capture_seconds - seconds_before))
         log.debug("fusegraph: graph %d compiled in %.2f s on the %s route (%s)", graph_id, seconds, record.route,
                   "Inductor" if record.route == "default" and self.config.inductor else "aten graph")
-        return compiled
-
-    def _freezes(self, example_inputs) -> bool:
-        """``enable_freezing``, 'auto' (default) read as: every route but Inductor's (config.py says why)."""
-        if self.config.enable_freezing == "auto":
-            return not (self.select_route(example_inputs)[0] == "default" and self.config.inductor)
-        return self.config.enable_freezing
+        return record.fn
 
     def _summary(self, job, captured: int, capture_seconds: float) -> str:
         """The SPEC §1.3 line; '?' for a count Inductor served from its cache before fusegraph saw the graph."""

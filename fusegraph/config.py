@@ -248,23 +248,23 @@ class CompilationConfig(_ConfigBase):
                               "Multi-process graphs with collectives: 'call' compares the ranks' input signatures "
                               "on every call (one tiny all_reduce; a rank that differs raises naming it, never "
                               "hangs); 'capture' only before each capture (replay free of any exchange).")
-    enable_freezing = _Field("auto", _auto_bool,
-                             "Fold parameters into constants before compiling (inference only: applies when autograd "
-                             "is off). 'auto' (default): on the routes where it pays — the graph routes (a captured "
-                             "graph holds the weights instead of copying them into static buffers) and the aten "
-                             "route — and not on the Inductor route, where it measured no faster (BENCHMARKS) and "
-                             "costs compile time: Inductor does not cache frozen graphs (every process compiles "
-                             "again) and a graph shared by several module instances (regional compilation) is "
-                             "re-compiled per instance. True: every route; False: none.")
-    concat_linear = _Field(False, _bool, "Under freezing, linears that read the same input (q/k/v projections) "
-                                         "become one GEMM on concatenated weights (Inductor's concat-linear freezing "
-                                         "pattern). The compiled graph then holds a concatenated copy of those "
-                                         "weights, and edits of them are detected (a re-compile) rather than read.")
-    pack_weights = _Field(False, _bool, "Under freezing, bf16/fp16 linear weights are packed for oneDNN and "
-                                        "convolution weights where measured faster (Inductor's weight packing). The "
-                                        "compiled graph then holds packed copies of those weights (memory: up to one "
-                                        "more copy of the model), and edits of them are detected (a re-compile) "
-                                        "rather than read. False: every constant is a parameter or a view of one.")
+    enable_freezing = _Field(False, _auto_bool,
+                             "Fold parameters into constants on the Inductor route (Inductor's freezing; inference "
+                             "only). False (default; 'auto' reads the same): no route folds parameters — measured, "
+                             "folding buys no speed by itself (BENCHMARKS §6), and parameters read where they live "
+                             "see every in-place edit. True: the Inductor route freezes; the frozen compile serves "
+                             "the parameters it folded while unchanged (a per-call guard: identity, storage, "
+                             "version), any other call runs one unfrozen compile of the graph; edits through .data "
+                             "are not seen. pack_weights and concat_linear freeze too. The aten and graph routes "
+                             "never fold.")
+    concat_linear = _Field(False, _bool, "Freeze (as enable_freezing=True) and run linears that read the same input "
+                                         "(q/k/v projections) as one GEMM on concatenated weights (Inductor's "
+                                         "concat-linear freezing pattern). The compiled graph holds a concatenated "
+                                         "copy of those weights.")
+    pack_weights = _Field(False, _bool, "Freeze (as enable_freezing=True) and pack bf16/fp16 linear weights for "
+                                        "oneDNN and convolution weights where measured faster (Inductor's weight "
+                                        "packing). The compiled graph holds packed copies of those weights (memory: "
+                                        "up to one more copy of the model).")
     inductor = _Field(True, _bool, "Default route: hand the fused graph to Inductor's codegen; False: run it as "
                                    "fused aten ops (fast compile, the seed's behaviour).")
     cpp_wrapper = _Field(True, _bool, "Inductor route on CPU: the compiled graph is driven by Inductor's C++ wrapper "

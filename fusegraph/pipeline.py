@@ -1,24 +1,26 @@
 """The compile of one Dynamo graph, as stages that return a record (``CompiledGraph``).
 
-    select_route(config, inputs)                         -> route, why not the wanted graph route
-    compile_graph(config, stats, gm, inputs, params, ...) -> CompiledGraph
-        freezing.parameters_to_attributes                   the parameters to fold become attributes
+    select_route(config, inputs)                   -> route, why not the wanted graph route
+    compile_graph(config, stats, gm, inputs, ...)  -> CompiledGraph
+        freezing.plan                                 opt-in only (pack_weights, concat_linear, enable_freezing):
+                                                      which parameters the Inductor route folds, or why not
         route "default", inductor=True:  _compile_inductor   Inductor's compile_fx with fusegraph's pass
-                                                             (inductor_pass.FusionPass) and Inductor's freezing
-        otherwise:                       _compile_aten       aot_autograd; the fusion (fusion.job.FusionJob),
-                                                             freezing.freeze_aot_graph, and on the graph routes
-                                                             the graph runtime (graph.compile_graph_route)
+                                                             (inductor_pass.FusionPass); when planned, through
+                                                             freezing.compile_frozen (-> a FrozenGraph)
+        otherwise:                       _compile_aten       aot_autograd; the fusion (fusion.job.FusionJob) and,
+                                                             on the graph routes, the graph runtime
+                                                             (graph.compile_graph_route), parameters as inputs
 
-The record holds the callable, which inputs it takes, the route, and the ``FusionJob`` with what the fusion did
-(counts, sites lowered, final ops, graph log, the tally for the caller's ``Stats``). Nothing here reports to the
-backend: ``Backend`` reads the record, and ``freezing.FrozenGraph`` calls ``compile_graph`` again (bound to the
-same config) for a re-specialisation. ``stats`` is passed only to the graph runtime, which counts captures and
-replays at run time.
+The record holds the callable (it takes every input of the Dynamo graph), the route, and the ``FusionJob`` with
+what the fusion did (counts, sites lowered, final ops, graph log, the tally for the caller's ``Stats``). Nothing here
+reports to the backend: ``Backend`` reads the record. ``stats`` is passed only to what counts at run time: the graph
+runtime (captures, replays) and a ``FrozenGraph`` (its one unfrozen compile, made by ``compile_graph`` again).
 """
 from __future__ import annotations
 
 import contextlib
 import logging
+import operator
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -38,10 +40,8 @@ log = logging.getLogger("fusegraph")
 
 @dataclass
 class CompiledGraph:
-    """One compile of a Dynamo graph: ``fn`` takes the graph's inputs at ``keep`` (every input when ``keep`` is None:
-    freezing made the others constants), on ``route``; ``job`` is what the fusion did."""
+    """One compile of a Dynamo graph: ``fn`` takes the graph's inputs, on ``route``; ``job`` is what the fusion did."""
     fn: Callable
-    keep: Optional[list]
     route: str
     job: FusionJob
 
@@ -68,33 +68,38 @@ def select_route(config, example_inputs) -> tuple[str, Optional[str]]:
     return "default", f"{wanted} requested but {why}; running the default route"
 
 
-def compile_graph(config, stats, gm, example_inputs, params: dict, *, freeze: bool, graph_id: int,
-                  count: bool = True, log_dir: Optional[str] = None, label: str = "fusegraph") -> CompiledGraph:
-    """One compile of the Dynamo graph on the route ``config`` selects; ``params`` ({input position: tensor}) are
-    folded into the graph as constants. ``count=False``: a re-compile of a graph already counted.
+def compile_graph(config, stats, gm, example_inputs, *, graph_id: int, count: bool = True,
+                  may_freeze: bool = True, log_dir: Optional[str] = None, label: str = "fusegraph") -> CompiledGraph:
+    """One compile of the Dynamo graph on the route ``config`` selects. ``count=False``: a re-compile of a graph
+    already counted; ``may_freeze=False``: never frozen (a ``FrozenGraph``'s unfrozen compile).
 
-    Under Dynamo's compile lock (a frozen graph's re-compile runs outside Dynamo), with other threads' compiled
+    Under Dynamo's compile lock (a frozen graph's unfrozen compile runs outside Dynamo), with other threads' compiled
     calls running on while aot_autograd and the pattern matcher trace (fx_tracing_window)."""
     with capture_lock(), fx_tracing_window("compile"):
-        job = FusionJob(config, graph_id, log_dir=log_dir, label=label, count=count, freeze=freeze)
         route, why = select_route(config, example_inputs)
-        if why:
-            job.note_fallback(why)
+        params, not_frozen = {}, None
+        if may_freeze:
+            params, not_frozen = freezing.plan(config, route, gm, example_inputs,
+                                               symbolic=has_symbolic_inputs(gm, example_inputs),
+                                               opaque=any(is_opaque(x) for x in example_inputs))
+        job = FusionJob(config, graph_id, log_dir=log_dir, label=label, count=count, freeze=bool(params))
+        for reason in (why, not_frozen):
+            if reason:
+                job.note_fallback(reason)
         job.fusing = route != "graph_only"
-        keep = None
-        job.params = list(params.values())
         if params:
-            gm, keep = freezing.parameters_to_attributes(gm, params)
-            example_inputs = [example_inputs[i] for i in keep]
-        try:
-            with freezing.opaque_inputs_stay_inputs():  # Inductor's own freezing too
-                if route == "default" and config.inductor:
-                    fn = _compile_inductor(config, gm, example_inputs, job)
-                else:
-                    fn = _compile_aten(config, stats, gm, example_inputs, job, route)
-        finally:
-            job.params = []  # the compiled graph holds aliases of them, nothing here holds the user's parameters
-        return CompiledGraph(fn, keep, route, job)
+            def unfrozen(args):
+                return compile_graph(config, stats, gm, args, graph_id=graph_id, count=False, may_freeze=False,
+                                     log_dir=log_dir, label=label)
+
+            fn = freezing.compile_frozen(config, stats, gm, example_inputs, params,
+                                         lambda frozen_gm, inputs: _compile_inductor(config, frozen_gm, inputs, job),
+                                         unfrozen, graph_id)
+        elif route == "default" and config.inductor:
+            fn = _compile_inductor(config, gm, example_inputs, job)
+        else:
+            fn = _compile_aten(config, stats, gm, example_inputs, job, route)
+        return CompiledGraph(fn, route, job)
 
 
 def _compile_inductor(config, gm, example_inputs, job: FusionJob):
@@ -124,8 +129,7 @@ def _compile_inductor_with(config, gm, example_inputs, job: FusionJob, cpp_wrapp
     if config.verify:  # the post-grad graph's placeholders once Inductor froze the rest
         job.real_inputs = list(example_inputs)
     patches = {"post_grad_custom_pre_pass": fusion_pass, "freezing": job.freeze, "cpp_wrapper": cpp_wrapper}
-    with freezing.weight_policy(config, job.params), _refuse_proxy_executor(cpp_wrapper), \
-            freezing.released_with_the_graph(job.params):
+    with _refuse_proxy_executor(cpp_wrapper):
         compiled = compile_fx(gm, example_inputs, config_patches=patches)
     if job.pass_ran:
         fusion_pass.after_compile(gm, example_inputs, job.freeze)  # stores the record
@@ -155,7 +159,7 @@ def _compile_aten(config, stats, gm, example_inputs, job: FusionJob, route: str)
         return make_boxed_func(aot_gm.forward)
 
     def inference(aot_gm, aot_inputs):
-        layouts = _output_layouts(aot_gm)  # as traced, before fusion and freezing: eager's strides
+        layouts = _output_layouts(aot_gm)  # as traced, before fusion: eager's strides
         return _with_traced_strides(compile_inference(aot_gm, aot_inputs), layouts)
 
     def compile_inference(aot_gm, aot_inputs):
@@ -163,25 +167,23 @@ def _compile_aten(config, stats, gm, example_inputs, job: FusionJob, route: str)
             job.fuse(aot_gm, reshape_views=True)  # the graph runs as is: no view traced on eager's strides
         else:
             job.record_ops(aot_gm)
-        graph, keep = aot_gm, None
-        if job.freeze and not torch.is_grad_enabled():
-            graph, keep = freezing.freeze_aot_graph(gm, aot_gm, aot_inputs, job.note_fallback, config,
-                                                      job.params)
-            if keep is not None:
-                job.record_ops(graph)
-        if route != "default":
-            inputs = list(aot_inputs) if keep is None else [aot_inputs[i] for i in keep]
-            graph, unused = freezing.drop_unused_opaque_inputs(graph, inputs)
-            if unused is not None:  # DTensor's DeviceMesh: a graph input no op reads; a runner cannot key it
-                inputs = [inputs[i] for i in unused]
-                keep = unused if keep is None else [keep[i] for i in unused]
-            runner = compile_graph_route(graph, inputs, config, stats)  # the graph runtime
-            return make_boxed_func(runner) if keep is None else freezing.drop_frozen_args(runner, keep)
-        return make_boxed_func(graph.forward) if keep is None else freezing.drop_frozen_args(graph, keep)
+        if route == "default":
+            return make_boxed_func(aot_gm.forward)
+        graph, inputs, keep = aot_gm, list(aot_inputs), None
+        placeholders = graph.graph.find_nodes(op="placeholder")
+        drop = [i for i, (n, x) in enumerate(zip(placeholders, inputs)) if is_opaque(x) and not n.users]
+        if drop:  # DTensor's DeviceMesh: a graph input no op reads; a runner cannot key it
+            for i in drop:
+                graph.graph.erase_node(placeholders[i])
+            graph.recompile()
+            keep = [i for i in range(len(inputs)) if i not in drop]
+            inputs = [inputs[i] for i in keep]
+        runner = compile_graph_route(graph, inputs, config, stats, static_inputs=_static_input_indices(keep))
+        return make_boxed_func(runner) if keep is None else _drop_args(runner, keep)
 
     backend = aot_autograd(fw_compiler=plain, inference_compiler=inference,
                            decompositions=passes.decompositions())
-    # A tracing context, as compile_fx sets up: aot_autograd records the parameters in it, freezing reads them.
+    # A tracing context, as compile_fx sets up: aot_autograd records in it which inputs are parameters.
     from ._core.torch_fake import FakeTensorMode, TracingContext, detect_fake_mode, tracing
 
     context = TracingContext.try_get()
@@ -241,7 +243,7 @@ def _cpp_wrapper_fits(gm, example_inputs) -> bool:
     after a whole compile."""
     from ._core import ranks
 
-    if input_device(example_inputs).type != "cpu" or freezing.has_symbolic_inputs(gm, example_inputs):
+    if input_device(example_inputs).type != "cpu" or has_symbolic_inputs(gm, example_inputs):
         return False
     if not all(isinstance(x, torch.Tensor) for x in example_inputs) or ranks.collective_groups(gm) != []:
         return False
@@ -309,3 +311,62 @@ def _with_traced_strides(boxed, layouts):
 
     run._boxed_call = True
     return run
+
+
+def _static_input_indices(keep: Optional[list]) -> tuple:
+    """The aot graph's inputs that are parameters or buffers (aot_autograd's ``static_input_indices``, what
+    cudagraph trees read), renumbered after the inputs ``keep`` retains: the graph runtime holds them where they
+    live, never copied."""
+    from ._core.torch_fake import TracingContext
+
+    context = TracingContext.try_get()
+    meta = getattr(context, "fw_metadata", None) if context is not None else None
+    indices = list(getattr(meta, "static_input_indices", None) or ())
+    if keep is not None:
+        where = {old: new for new, old in enumerate(keep)}
+        indices = [where[i] for i in indices if i in where]
+    return tuple(sorted(indices))
+
+
+def _drop_args(runner, keep):
+    """A boxed callable that passes on only the arguments at ``keep``."""
+    if len(keep) > 1:
+        select = operator.itemgetter(*keep)
+    else:
+        def select(args):
+            return tuple(args[i] for i in keep)
+
+    def run(args):
+        kept = select(args)
+        args.clear()
+        return runner(*kept)
+
+    run._boxed_call = True
+    return run
+
+
+def is_opaque(x) -> bool:
+    """An opaque object Dynamo passes as a graph input (DTensor's ``DeviceMesh`` under tensor parallelism, a
+    ScriptObject): a constant of the program, not a symbolic size."""
+    if torch_dispatcher.is_opaque_value(x):
+        return True
+    return isinstance(x, torch.ScriptObject) or type(x).__name__ in ("DeviceMesh", "FakeScriptObject")
+
+
+def has_symbolic_inputs(gm, example_inputs) -> bool:
+    """Dynamo compiled this graph for symbolic values: SymInt inputs, symbolic tensor sizes, or scalars read from
+    tensors (``.item()``)."""
+    if any(not isinstance(x, torch.Tensor) and not is_opaque(x) for x in example_inputs):
+        return True
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            val = node.meta.get("example_value")
+            if isinstance(val, torch.SymInt) or (
+                    isinstance(val, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in val.shape)):
+                return True
+        # a data-dependent scalar (Dynamo passes a Python float attribute that changed as a 0-d tensor and reads it
+        # with .item())
+        elif (node.op == "call_method" and node.target in ("item", "tolist")) or \
+                node.target in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default):
+            return True
+    return False

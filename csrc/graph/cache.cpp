@@ -17,6 +17,7 @@ std::string ArgSignature::describe() const {
   os << "tensor(shape=[";
   for (size_t i = 0; i < sizes.size(); ++i) os << (i ? ", " : "") << sizes[i];
   os << "], dtype=" << dtype << ", device=" << device << ")";
+  if (!value.empty()) os << value;  // a static tensor's address
   return os.str();
 }
 
@@ -42,6 +43,7 @@ void Signature::finish() {
       h = c10::hash_combine(h, c10::get_hash(static_cast<int>(a.dtype), static_cast<int>(a.device.type()),
                                              static_cast<int>(a.device.index())));
       for (int64_t s : a.sizes) h = c10::hash_combine(h, std::hash<int64_t>()(s));
+      if (!a.value.empty()) h = c10::hash_combine(h, std::hash<std::string>()(a.value));
     } else {
       h = c10::hash_combine(h, std::hash<std::string>()(a.value));
     }
@@ -105,9 +107,29 @@ GraphCache::GraphCache(CacheOptions options, std::shared_ptr<Counters> counters)
                         "GraphCache options out of range (the front end validates them)");
 }
 
-CallResult GraphCache::call(const Signature& sig, const std::vector<at::Tensor>& tensors, bool check_drift) {
+Signature GraphCache::keyed(const Signature& sig, const std::vector<at::Tensor>& tensors) const {
+  if (options_.static_positions.empty() || tensors.empty()) return sig;
+  Signature out = sig;
+  size_t k = 0, next = 0;  // k: tensor index; static_positions ascending
+  const auto& positions = options_.static_positions;
+  for (auto& a : out.args) {
+    if (!a.is_tensor) continue;
+    while (next < positions.size() && positions[next] < static_cast<int64_t>(k)) ++next;
+    if (next < positions.size() && positions[next] == static_cast<int64_t>(k) && k < tensors.size()) {
+      std::ostringstream os;
+      os << "@" << tensors[k].data_ptr();
+      a.value = os.str();
+    }
+    ++k;
+  }
+  out.finish();
+  return out;
+}
+
+CallResult GraphCache::call(const Signature& call_sig, const std::vector<at::Tensor>& tensors, bool check_drift) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   CallResult result;
+  const Signature sig = keyed(call_sig, tensors);
   auto it = index_.find(sig);
   if (it == index_.end()) {
     auto f = failed_.find(sig);
@@ -189,10 +211,11 @@ CallResult GraphCache::call(const Signature& sig, const std::vector<at::Tensor>&
   return result;
 }
 
-std::vector<uint64_t> GraphCache::insert(Signature sig, std::vector<at::Tensor> static_inputs,
+std::vector<uint64_t> GraphCache::insert(Signature call_sig, std::vector<at::Tensor> static_inputs,
                                          std::vector<at::Tensor> capture_inputs,
                                          std::shared_ptr<Executable> executable, int64_t memory_bytes,
                                          std::shared_ptr<void> user) {
+  Signature sig = keyed(call_sig, capture_inputs);
   TORCH_CHECK(executable, "fusegraph: GraphCache.insert needs an executable");
   TORCH_CHECK(executable->binds_inputs() || static_inputs.size() == capture_inputs.size(),
               "fusegraph: GraphCache.insert got ", static_inputs.size(), " static buffers for ",
@@ -246,7 +269,9 @@ std::vector<uint64_t> GraphCache::evict_locked(const Entry* keep) {
   return evicted;
 }
 
-void GraphCache::record_failure(const Signature& sig, std::string reason) {
+void GraphCache::record_failure(const Signature& call_sig, std::string reason,
+                                const std::vector<at::Tensor>& tensors) {
+  const Signature sig = keyed(call_sig, tensors);
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   if (!first_signature_) first_signature_ = std::make_unique<Signature>(sig);
   if (failed_.emplace(sig, std::move(reason)).second) failed_order_.push_back(sig);
@@ -256,9 +281,10 @@ void GraphCache::record_failure(const Signature& sig, std::string reason) {
   }
 }
 
-std::string GraphCache::mismatch_error(const Signature& sig) const {
+std::string GraphCache::mismatch_error(const Signature& sig, const std::vector<at::Tensor>& tensors) const {
+  const Signature key = keyed(sig, tensors);
   std::lock_guard<std::recursive_mutex> lock(mutex_);
-  return mismatch_error_locked(sig);
+  return mismatch_error_locked(key);
 }
 
 std::string GraphCache::mismatch_error_locked(const Signature& sig) const {

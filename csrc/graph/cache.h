@@ -24,7 +24,8 @@ struct ArgSignature {
   std::vector<int64_t> sizes;
   at::ScalarType dtype = at::ScalarType::Undefined;
   at::Device device = at::Device(at::kCPU);
-  std::string value;  // non-tensor: rendered by the caller: type + exact value, or type + identity
+  std::string value;  // non-tensor: rendered by the caller: type + exact value, or type + identity; a static
+                      // tensor (CacheOptions::static_positions): its data address
 
   bool operator==(const ArgSignature& o) const {
     return is_tensor == o.is_tensor && sizes == o.sizes && dtype == o.dtype && device == o.device && value == o.value;
@@ -82,6 +83,11 @@ struct CacheOptions {
   bool recapture = true;        // false: a second signature raises
   bool safe_outputs = true;     // clone outputs (unless the executable's are fresh)
   int64_t max_failed = 1024;    // how many failed signatures are remembered (FIFO)
+  // Tensor inputs (indices among the call's tensors) held where they live: a graph's parameters and buffers.
+  // Their data address is part of the signature, so a static-buffer executable replays on them in place (never
+  // copied; in-place edits are read) and another tensor there (a replaced parameter, another module instance)
+  // is another signature: a capture of its own. Only for static-buffer drivers (the host graph binds any tensor).
+  std::vector<int64_t> static_positions;
 };
 
 struct Entry {
@@ -129,9 +135,11 @@ class GraphCache {
   std::vector<uint64_t> insert(Signature sig, std::vector<at::Tensor> static_inputs,
                                std::vector<at::Tensor> capture_inputs, std::shared_ptr<Executable> executable,
                                int64_t memory_bytes, std::shared_ptr<void> user);
-  void record_failure(const Signature& sig, std::string reason);
+  void record_failure(const Signature& sig, std::string reason, const std::vector<at::Tensor>& tensors = {});
   // The error a call with `sig` raises under recapture=false (empty when allowed).
-  std::string mismatch_error(const Signature& sig) const;
+  std::string mismatch_error(const Signature& sig, const std::vector<at::Tensor>& tensors = {}) const;
+  // `sig` with the data address of each static tensor (CacheOptions::static_positions) in its key.
+  Signature keyed(const Signature& sig, const std::vector<at::Tensor>& tensors) const;
 
   void clear();
   size_t size() const;

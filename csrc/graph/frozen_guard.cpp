@@ -12,8 +12,8 @@ const void* storage_data(const at::Tensor& t) {
 }
 }  // namespace
 
-FrozenGuard::FrozenGuard(std::vector<int64_t> positions, std::vector<at::Tensor> params, bool track_versions)
-    : positions_(std::move(positions)), track_versions_(track_versions) {
+FrozenGuard::FrozenGuard(std::vector<int64_t> positions, std::vector<at::Tensor> params)
+    : positions_(std::move(positions)) {
   TORCH_CHECK(positions_.size() == params.size(), "FrozenGuard: ", positions_.size(), " positions for ",
               params.size(), " parameters");
   folded_.reserve(params.size());
@@ -33,7 +33,7 @@ FrozenMatch FrozenGuard::check(const std::vector<const at::Tensor*>& args) const
     if (t == nullptr || !t->defined() || t->unsafeGetTensorImpl() != folded_[i].impl) {
       return FrozenMatch::kOther;
     }
-    if ((track_versions_ && t->_version() != folded_[i].version) || storage_data(*t) != folded_[i].data) {
+    if (t->_version() != folded_[i].version || storage_data(*t) != folded_[i].data) {
       result = FrozenMatch::kChanged;
     }
   }

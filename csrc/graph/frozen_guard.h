@@ -4,10 +4,10 @@
 // for every instance of the class (and after any in-place weight update). A frozen graph holds the values it
 // was compiled with, so every call must check that the tensors passed at the frozen positions are the very ones
 // that were folded, unchanged. The check runs per call on the hot path, so it is C++: per parameter a pointer
-// compare (identity) and the data pointer (``p.data = other``, which swaps the storage without a version bump);
-// with ``track_versions``, also the version counter (in-place writes: copy_, load_state_dict). A graph whose
-// constants all alias the parameters (fusegraph's default freezing) reads in-place writes as they happen, so it
-// does not track versions: only a parameter that is another tensor or another storage needs a new compile.
+// compare (identity), the data pointer (``p.data = other``, which swaps the storage without a version bump) and
+// the version counter (in-place writes: copy_, load_state_dict). Writes through ``.data`` bypass the version
+// counter and are not seen (fusegraph/freezing.py). Freezing is opt-in (pack_weights, concat_linear,
+// enable_freezing on the Inductor route); no default route folds parameters.
 #pragma once
 
 #include <ATen/Tensor.h>
@@ -27,14 +27,13 @@ enum class FrozenMatch : int {
 class FrozenGuard {
  public:
   // positions[i]: the call-argument index of the tensor params[i] was folded from.
-  FrozenGuard(std::vector<int64_t> positions, std::vector<at::Tensor> params, bool track_versions = true);
+  FrozenGuard(std::vector<int64_t> positions, std::vector<at::Tensor> params);
 
   // args: the call's arguments; a position past the end or a non-tensor counts as kOther.
   FrozenMatch check(const std::vector<const at::Tensor*>& args) const;
 
   const std::vector<int64_t>& positions() const { return positions_; }
   size_t size() const { return params_.size(); }
-  bool track_versions() const { return track_versions_; }
 
  private:
   struct Folded {
@@ -48,7 +47,6 @@ class FrozenGuard {
   // lives (an identity compare by address stays exact).
   std::vector<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> params_;
   std::vector<Folded> folded_;
-  bool track_versions_;
 };
 
 }  // namespace fusegraph::graph

@@ -5,6 +5,7 @@
 #include <structmember.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
+#include <algorithm>
 #include <array>
 
 #include "graph/cache.h"
@@ -335,8 +336,7 @@ void bind_graph(py::module_& m) {
 
   py::class_<fg::FrozenGuard, std::shared_ptr<fg::FrozenGuard>>(
       m, "FrozenGuard", "Per-call check that the parameters a frozen graph folded are the ones passed, unchanged.")
-      .def(py::init<std::vector<int64_t>, std::vector<at::Tensor>, bool>(), py::arg("positions"), py::arg("params"),
-           py::arg("track_versions") = true)
+      .def(py::init<std::vector<int64_t>, std::vector<at::Tensor>>(), py::arg("positions"), py::arg("params"))
       .def(
           "check",
           [](const fg::FrozenGuard& g, const py::tuple& args) {
@@ -351,7 +351,6 @@ void bind_graph(py::module_& m) {
           },
           py::arg("args"), "SAME, CHANGED (same tensors, values changed) or OTHER (other tensors).")
       .def_property_readonly("positions", &fg::FrozenGuard::positions)
-      .def_property_readonly("track_versions", &fg::FrozenGuard::track_versions)
       .def("__len__", &fg::FrozenGuard::size);
 
   py::class_<SlotGuard, std::shared_ptr<SlotGuard>>(
@@ -427,8 +426,11 @@ void bind_graph(py::module_& m) {
 
   py::class_<fg::GraphCache, std::shared_ptr<fg::GraphCache>>(m, "GraphCache")
       .def(py::init([](int64_t max_entries, fg::Eviction eviction, int64_t memory_budget, bool recapture,
-                       bool safe_outputs, std::shared_ptr<fg::Counters> counters) {
+                       bool safe_outputs, std::shared_ptr<fg::Counters> counters,
+                       std::vector<int64_t> static_positions) {
              fg::CacheOptions o;
+             std::sort(static_positions.begin(), static_positions.end());
+             o.static_positions = std::move(static_positions);
              o.max_entries = max_entries;
              o.eviction = eviction;
              o.memory_budget = memory_budget;
@@ -438,7 +440,9 @@ void bind_graph(py::module_& m) {
            }),
            py::arg("max_entries") = 0, py::arg("eviction") = fg::Eviction::Fifo, py::arg("memory_budget") = 0,
            py::arg("recapture") = true, py::arg("safe_outputs") = true, py::arg("counters") = nullptr,
-           "Settings as validated by fusegraph.CompilationConfig; counts into `counters` (a Stats' counters).")
+           py::arg("static_positions") = std::vector<int64_t>{},
+           "Settings as validated by fusegraph.CompilationConfig; counts into `counters` (a Stats' counters); "
+           "`static_positions`: tensor inputs held where they live, their address part of the signature.")
       .def(
           "call",
           [](fg::GraphCache& c, const py::sequence& leaves, bool check_drift, bool tensors_only) {
@@ -477,10 +481,14 @@ void bind_graph(py::module_& m) {
           py::arg("user") = py::none(), "Adds an entry; returns the ids of the entries evicted.")
       .def("record_failure",
            [](fg::GraphCache& c, const py::sequence& leaves, std::string reason) {
-             c.record_failure(signature_of(leaves, nullptr), std::move(reason));
+             std::vector<at::Tensor> tensors;
+             fg::Signature sig = signature_of(leaves, &tensors);
+             c.record_failure(sig, std::move(reason), tensors);
            })
       .def("mismatch_error", [](fg::GraphCache& c, const py::sequence& leaves) {
-        return c.mismatch_error(signature_of(leaves, nullptr));
+        std::vector<at::Tensor> tensors;
+        fg::Signature sig = signature_of(leaves, &tensors);
+        return c.mismatch_error(sig, tensors);
       })
       .def_static("describe_signature",
                   [](const py::sequence& leaves) { return signature_of(leaves, nullptr).describe(); })

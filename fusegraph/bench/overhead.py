@@ -6,7 +6,7 @@ variant is timed in interleaved rounds (the minimum and the median of the rounds
 
 - eager; Dynamo with a backend that returns the graph's own ``forward`` (Dynamo's frame evaluation and guards);
   plain ``torch.compile`` (Inductor);
-- fusegraph's graph route (``graph_with_compile``) with and without freezing, and under
+- fusegraph's graph route (``graph_with_compile``: the parameters are inputs the host graph binds), and under
   ``torch.compiler.set_stance(skip_guard_eval_unsafe=True)`` (Dynamo skips its guards but the ones that tell
   compiled graphs apart);
 - ``GraphRunner`` on the module (no Dynamo at all: the same capture, fused before it).
@@ -44,8 +44,6 @@ def main(argv=None) -> int:
         model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(args.layers)]).eval()
         x = torch.randn(1, 8)
         route = torch.compile(model, backend=fusegraph.Backend({"graph_with_compile": True}))
-        unfrozen = torch.compile(model, backend=fusegraph.Backend({"graph_with_compile": True,
-                                                                   "enable_freezing": False}))
         dynamo_only = torch.compile(model, backend=lambda gm, example_inputs: gm.forward)
         inductor = torch.compile(model)
         runner = fusegraph.graph.GraphRunner(model)
@@ -59,7 +57,6 @@ def main(argv=None) -> int:
             "Dynamo, graph's own forward": lambda: dynamo_only(x),
             "torch.compile (Inductor)": lambda: inductor(x),
             "fusegraph graph route": lambda: route(x),
-            "  without freezing": lambda: unfrozen(x),
             "  skip_guard_eval_unsafe": skip_guards,
             "GraphRunner (no Dynamo)": lambda: runner(x),
         }

@@ -22,7 +22,7 @@ Variants:
 - ``eager``; ``inductor`` (plain ``torch.compile``); ``inductor_tuned`` (``freezing`` + ``cpp_wrapper``, what a
   tuned CPU user sets);
 - ``fusegraph`` (the default config) and ``fusegraph:<overrides>`` (``fusegraph:pack_weights=True,concat_linear=True``,
-  ``fusegraph:enable_freezing=False``, ``fusegraph:fusion_choice=always``);
+  ``fusegraph:enable_freezing=True``, ``fusegraph:fusion_choice=always``);
 - ``openvino``: ``openvino.convert_model`` + ``compile_model`` on CPU (an optional benchmark dependency,
   ``pip install openvino``; the row says so when it is missing). Its bf16 row converts the same weights in fp32
   and runs with ``INFERENCE_PRECISION_HINT=bf16``, OpenVINO's own way to run bf16 on CPU.

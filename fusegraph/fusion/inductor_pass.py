@@ -92,7 +92,7 @@ class FusionPass(_PassBase):
         opts = tuple(sorted(fp.as_dict().items())) + (("verify", self.config.verify),
                                                       ("choice", self.config.fusion_choice == "always", _choice_key(),
                                                        torch.get_num_threads()),
-                                                      ("weights", "aliasing folds; packing: linear bf16/fp16 "
+                                                      ("weights", "opt-in freezing; packing: linear bf16/fp16 "
                                                        "only, conv measured", self.config.concat_linear,
                                                        self.config.pack_weights),  # freezing.py
                                                       ("cpp_wrapper", self.config.cpp_wrapper),

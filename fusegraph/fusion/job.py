@@ -18,7 +18,7 @@ from . import choice, passes
 class FusionJob:
     """One compile of one graph (``graph_id``) as far as fusion is concerned.
 
-    ``count=False`` (a re-compile of a graph already counted: a frozen graph's re-specialisation, the Python-wrapper
+    ``count=False`` (a re-compile of a graph already counted: a frozen graph's unfrozen compile, the Python-wrapper
     retry) keeps the fused and lowered counts and verify's notes out of the tally; fallbacks the compile notes
     itself are always in it."""
 
@@ -37,7 +37,6 @@ class FusionJob:
         self.pass_ran = False  # Inductor ran the fusion pass (False on a cache hit)
         self.pass_fallbacks: list = []  # fallbacks noted by the pass (replayed on a cache hit)
         self.real_inputs: Optional[list] = None  # the graph's real example inputs, for verify
-        self.params: list = []  # the parameters this compile freezes (while it runs)
 
     def _counted(self):
         return self.tally if self.count else None

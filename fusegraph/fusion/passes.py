@@ -278,9 +278,10 @@ _VERIFY_ATOL = 1e-5  # all-zero outputs
 
 def verify_inputs_for(graph_or_gm, inputs, params=None) -> tuple:
     """The real tensors for the graph's placeholders, in order, as ``(inputs, None)``; ``(None, why)`` when they
-    cannot be matched safely. ``inputs`` are the example inputs the graph was compiled for (after freezing
-    dropped some); ``params`` the parameters and buffers aot_autograd lifted in front of them (default: the
-    current TracingContext's ``params_flat``), which are placeholders until freezing folds them into constants.
+    cannot be matched safely. ``inputs`` are the example inputs the graph was compiled for (a tensor subclass
+    among them, such as a DTensor parameter, as its inner tensors); ``params`` the parameters and buffers
+    aot_autograd lifted in front of them (default: the current TracingContext's ``params_flat``), which are
+    placeholders until (opt-in) freezing folds them into constants.
     Every pair is checked (dtype, device, rank, static sizes; python values for symbolic ints); fake, meta,
     subclass or unhinted symbolic example inputs are refused: verification runs the graph for real."""
     graph = graph_or_gm.graph if isinstance(graph_or_gm, torch.fx.GraphModule) else graph_or_gm
@@ -298,6 +299,10 @@ def verify_inputs_for(graph_or_gm, inputs, params=None) -> tuple:
         unwrapped = getattr(context, "params_flat_unwrap_subclasses", None) if context is not None else None
         if unwrapped is not None and len(placeholders) == len(unwrapped) + len(inputs):
             params = list(unwrapped)
+    if len(placeholders) != len(params) + len(inputs) and len(placeholders) != len(inputs):
+        flat = _unwrap_subclasses(inputs)  # tensor subclass inputs (DTensor parameters) as their inner parts
+        if len(placeholders) in (len(flat), len(params) + len(flat)):
+            inputs = flat
     if len(placeholders) == len(inputs):
         candidates = inputs
     elif len(placeholders) == len(params) + len(inputs):
@@ -311,6 +316,21 @@ def verify_inputs_for(graph_or_gm, inputs, params=None) -> tuple:
         if why:
             return None, f"verify skipped: graph input {i} ({node.name}): {why}"
     return candidates, None
+
+
+def _unwrap_subclasses(inputs) -> list:
+    """``inputs`` with each traceable wrapper subclass (DTensor) replaced by its inner tensors, in
+    ``__tensor_flatten__`` order: how aot_autograd hands such inputs to the graph."""
+    from .._core.torch_fake import is_traceable_wrapper_subclass
+
+    out = []
+    for x in inputs:
+        if isinstance(x, torch.Tensor) and is_traceable_wrapper_subclass(x):
+            attrs, _ = x.__tensor_flatten__()
+            out += _unwrap_subclasses([getattr(x, a) for a in attrs])
+        else:
+            out.append(x)
+    return out
 
 
 def _concrete(x):

@@ -53,25 +53,29 @@ def storage_bytes(tensors) -> int:
     return total
 
 
-def static_buffers(tensors, lazy: bool) -> list:
+def static_buffers(tensors, lazy: bool, static=()) -> list:
     """The capture's static inputs. Lazy capture shares the caller's storage (``detach()``): calling again
-    with the same tensors is zero-copy. Eager capture owns its buffers (``detach().clone()``, same strides)."""
-    if lazy:
-        return [t.detach() for t in tensors]
-    return [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t.detach())
-            for t in tensors]
+    with the same tensors is zero-copy. Eager capture owns its buffers (``detach().clone()``, same strides), except
+    at the ``static`` positions (a graph's parameters and buffers), which are always the caller's own tensors: the
+    cache keys them by address (``static_positions``), so they are never copied and an in-place edit is read."""
+    static = set(static)
+    return [t.detach() if lazy or i in static else
+            torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t.detach())
+            for i, t in enumerate(tensors)]
 
 
 class HostDriver:
     name = "host"
 
-    def capture(self, flat_fn, tensors, options, graph=None, alternative=None) -> Capture:
+    def capture(self, flat_fn, tensors, options, graph=None, alternative=None, static=()) -> Capture:
         """``alternative``: the plain trace of a fused ``graph`` (GraphRunner's fusion before capture): both are
-        built and timed on the capture's inputs, and the faster one is kept (``info["chose"]``)."""
+        built and timed on the capture's inputs, and the faster one is kept (``info["chose"]``). ``static``: inputs
+        the function does not mutate (a graph's parameters), used as they are."""
         # warm-up and trace on copies of the same strides, so a function that mutates its inputs still
-        # mutates the caller's tensors exactly once (in the replay); overlapping layouts are traced as given
+        # mutates the caller's tensors exactly once (in the replay); overlapping layouts are traced as given; the
+        # static inputs (the weights: no copy of the model during a capture) as they are
         try:
-            work = static_buffers(tensors, lazy=False)
+            work = static_buffers(tensors, lazy=False, static=static)
         except RuntimeError:
             work = list(tensors)
         for _ in range(options.graph_warmup_runs):
@@ -163,16 +167,16 @@ class _StreamGraphDriver:
     def pool(self, mod, device):
         return self._per_device(mod, "pool", device, mod.graph_pool_handle)
 
-    def capture(self, flat_fn, tensors, options, graph=None) -> Capture:
+    def capture(self, flat_fn, tensors, options, graph=None, static=()) -> Capture:
         mod = self._module()
         device = tensors[0].device if tensors else None
         # streams, pool and graph belong to the inputs' device, whatever the current device is
         on_device = mod.device(device) if device is not None and hasattr(mod, "device") else contextlib.nullcontext()
         with on_device:
-            return self._capture_on_device(mod, device, flat_fn, tensors, options)
+            return self._capture_on_device(mod, device, flat_fn, tensors, options, static)
 
-    def _capture_on_device(self, mod, device, flat_fn, tensors, options) -> Capture:
-        static = static_buffers(tensors, options.graph_lazy_capture)
+    def _capture_on_device(self, mod, device, flat_fn, tensors, options, held=()) -> Capture:
+        static = static_buffers(tensors, options.graph_lazy_capture, held)
         side = self._per_device(mod, "capture_stream", device, mod.Stream)
         compute = mod.current_stream()
         side.wait_event(compute.record_event())
@@ -186,7 +190,7 @@ class _StreamGraphDriver:
             with mod.graph(graph, pool=self.pool(mod, device), stream=side):
                 outputs = flat_fn(*static)
         pool_bytes = max(0, self._memory_allocated(mod, device) - before)
-        owned = [] if options.graph_lazy_capture else static
+        owned = [] if options.graph_lazy_capture else [t for i, t in enumerate(static) if i not in set(held)]
         output_bytes = storage_bytes([o for o in outputs if isinstance(o, torch.Tensor)])
         memory = storage_bytes(owned) + max(pool_bytes, output_bytes)
         copier = self._per_device(mod, "copy_stream", device, lambda: _CopyStream(mod))

@@ -89,7 +89,8 @@ class GraphRunner:
     graph on CPU) and replay it afterwards. See the module docstring for the semantics."""
 
     def __init__(self, fn, config=None, *, stats: Stats | None = None, name: str | None = None,
-                 guard_weights: bool = True, batch_args=None, process_group="auto"):
+                 guard_weights: bool = True, batch_args=None, process_group="auto", static_inputs=(),
+                 static_by_address: bool = False):
         if not callable(fn):
             raise TypeError(f"fusegraph: GraphRunner needs a callable; got {type(fn).__name__}")
         self.fn = fn
@@ -97,9 +98,12 @@ class GraphRunner:
         self.stats = stats if stats is not None else Stats()
         self.name = name or getattr(fn, "__name__", type(fn).__name__)
         o = self.options
+        # tensor inputs (indices among the call's tensors) fn does not mutate, used where they live: never copied
+        # for a capture; with static_by_address (static-buffer drivers) replayed in place and keyed by address
+        self._static = tuple(static_inputs)
         self._cache = _C.graph.GraphCache(o.graph_max_entries, _C.graph.Eviction[o.graph_eviction],
                                           o.graph_memory_budget, o.graph_recapture, o.safe_output_mode,
-                                          self.stats.counters)
+                                          self.stats.counters, list(self._static) if static_by_address else [])
         self._lock = threading.RLock()
         # The weights a graph reads are those of the modules it was captured with: fn's own (a module, a bound
         # method of one, modules in its closure) and module arguments (keyed by identity). A replaced
@@ -319,9 +323,9 @@ class GraphRunner:
                     if graph is not None and driver.name != "host":  # device graphs capture the fused graph's run
                         flat_fn = _list_outputs(graph)
                 if driver.name == "host" and graph is not None and plain is not None:
-                    cap = driver.capture(flat_fn, tensors, o, graph=graph, alternative=plain)
+                    cap = driver.capture(flat_fn, tensors, o, graph=graph, alternative=plain, static=self._static)
                 else:
-                    cap = driver.capture(flat_fn, tensors, o, graph=graph)
+                    cap = driver.capture(flat_fn, tensors, o, graph=graph, static=self._static)
                 if counts is not None:
                     self.stats.add_patterns(counts)
                     if cap.info.get("chose") == "plain":  # the unfused trace replayed faster: its sites unused
@@ -380,7 +384,8 @@ class GraphRunner:
         from .host import trace_fused
 
         try:
-            work = static_buffers(tensors, lazy=False)  # a function that mutates its inputs mutates copies here
+            # a function that mutates its inputs mutates copies here; the static ones it does not mutate
+            work = static_buffers(tensors, lazy=False, static=self._static)
         except RuntimeError:
             work = list(tensors)
         try:
@@ -536,10 +541,12 @@ def _module_guard(modules):
     return guard
 
 
-def compile_graph_route(gm, example_inputs, config=None, stats: Stats | None = None):
+def compile_graph_route(gm, example_inputs, config=None, stats: Stats | None = None, static_inputs=()):
     """The backend's graph route: a callable that captures ``gm`` per input signature and replays it.
-    See the module docstring for the contract."""
-    # the graph's weights are the backend's business: inputs, or constants it froze and guards (freezing.FrozenGraph)
+    See the module docstring for the contract. ``static_inputs``: the indices of ``gm``'s inputs that are
+    parameters or buffers; those ``gm`` does not mutate are never copied for a capture. The host graph binds every
+    input where it lives; a static-buffer driver (CUDA, NPU) replays on them in place and keys them by address
+    (another tensor there: a capture of its own)."""
     options, batch = GraphOptions.from_config(config), None
     if options.graph_batch_buckets and isinstance(gm, torch.fx.GraphModule):
         # exact batch rule from the trace (buckets.py): Dynamo's symbolic dim 0, rows independent; a static graph
@@ -551,13 +558,42 @@ def compile_graph_route(gm, example_inputs, config=None, stats: Stats | None = N
                 stats.add_fallback(f"batch buckets off for this graph: {why}")
             if why:
                 _log.warning("fusegraph: batch buckets off for this graph: %s", why)
-    runner = GraphRunner(gm, options, stats=stats, name=getattr(gm, "_get_name", lambda: "graph")(),
-                         guard_weights=False, batch_args=batch)
     real = [t for t in example_inputs if isinstance(t, torch.Tensor)]
+    driver, _ = select_driver(options.device_graph, real[0].device if real else torch.device("cpu"))
+    tensor_index = {i: k for k, i in enumerate(i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor))}
+    mutated = _mutated_inputs(gm)
+    static = tuple(tensor_index[i] for i in static_inputs if i in tensor_index and i not in mutated)
+    runner = GraphRunner(gm, options, stats=stats, name=getattr(gm, "_get_name", lambda: "graph")(),
+                         guard_weights=False, batch_args=batch, static_inputs=static,
+                         static_by_address=driver is not None and driver.name != "host")
     fake = any(isinstance(t, FakeTensor) for t in real)
     if not runner.options.graph_lazy_capture and not fake and example_inputs is not None:
         runner.capture(*example_inputs, lazy=False)
     return runner
+
+
+def _mutated_inputs(gm) -> set:
+    """Indices of the placeholders an op of ``gm`` writes (a mutable schema argument), or every index when ``gm`` is
+    not an FX graph."""
+    if not isinstance(gm, torch.fx.GraphModule):
+        return set(range(1 << 30))
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    index = {n: i for i, n in enumerate(placeholders)}
+    mutated = set()
+    for node in gm.graph.nodes:
+        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+        if schema is None:
+            continue
+        for arg, value in zip(schema.arguments, node.args):
+            if arg.alias_info is not None and arg.alias_info.is_write and isinstance(value, torch.fx.Node) \
+                    and value in index:
+                mutated.add(index[value])
+        for arg in schema.arguments:
+            value = node.kwargs.get(arg.name)
+            if arg.alias_info is not None and arg.alias_info.is_write and isinstance(value, torch.fx.Node) \
+                    and value in index:
+                mutated.add(index[value])
+    return mutated
 
 
 __all__ = ["GraphRunner", "compile_graph_route", "static_buffers"]

@@ -89,7 +89,7 @@ def test_an_inductor_cache_hit_writes_the_logs_and_counts_the_training_fallback(
         backends = []
         for folder in (first, second):
             torch._dynamo.reset()
-            b = Backend(CompilationConfig(graph_log_url=folder, enable_freezing=False))  # frozen graphs bypass the cache
+            b = Backend(CompilationConfig(graph_log_url=folder))
             torch.manual_seed(0)
             with torch.no_grad():
                 torch.compile(Block().eval(), backend=b)(x)

@@ -22,7 +22,7 @@ def _restore_defaults():
 SPEC_DEFAULTS = dict(graph_only=False, graph_with_compile=False, graph_lazy_capture=False, graph_max_entries=0,
                      graph_eviction="fifo", graph_memory_budget=0, graph_recapture=True, graph_warmup_runs=1,
                      graph_fallback="eager", device_graph="auto", safe_output_mode=True,
-                     enable_freezing="auto",  # every route but Inductor's (config.py says why)
+                     enable_freezing=False,  # no route folds parameters (config.py says why)
                      inductor=True, graph_log_url=None)
 SPEC_PATTERN_DEFAULTS = dict(enable_rms_norm=True, enable_rope=True, enable_adalayernorm=True, enable_fast_gelu=True,
                              enable_mul_add=True, gelu_approximation="tanh")

@@ -72,7 +72,8 @@ class NormedAttention(torch.nn.Module):
 @pytest.mark.parametrize("freezing", [False, True])
 def test_views_after_a_fused_op_that_changes_the_layout(config, freezing):
     """The fused graph runs as is on these routes: its views become reshapes once a site was fused (a copy where
-    the fused op's dense output makes a traced view impossible), frozen or not, with no fallback to eager."""
+    the fused op's dense output makes a traced view impossible), with no fallback to eager (freezing asked for or
+    not: these routes never fold parameters, and say so)."""
     torch._dynamo.reset()
     model = NormedAttention().eval()
     backend = Backend(CompilationConfig(enable_freezing=freezing, **config))
@@ -82,7 +83,8 @@ def test_views_after_a_fused_op_that_changes_the_layout(config, freezing):
             x = torch.randn(2, 5, 32)
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
     assert backend.stats.patterns["rms_norm"] == (0 if config.get("graph_only") else 2)
-    assert not backend.stats.fallbacks
+    assert all("Inductor route only" in r for r in backend.stats.fallbacks) and \
+        bool(backend.stats.fallbacks) == freezing
 
 
 def test_graph_runner_views_after_a_fused_op_that_changes_the_layout():
@@ -96,3 +98,32 @@ def test_graph_runner_views_after_a_fused_op_that_changes_the_layout():
             x = torch.randn(2, 5, 32)
             torch.testing.assert_close(runner(x), model(x), rtol=1e-5, atol=1e-5)
     assert runner.stats.graphs_captured == 1 and not runner.stats.fallbacks
+
+
+@pytest.mark.parametrize("config", [dict(graph_with_compile=True), dict(graph_only=True)],
+                         ids=["graph_with_compile", "graph_only"])
+def test_a_capture_copies_no_weight(config, monkeypatch):
+    """The host graph's capture warms up and traces on copies of the inputs a graph may mutate; the parameters it
+    does not mutate are used where they live, so a capture never holds a second copy of the model."""
+    from fusegraph.graph import drivers, runner
+
+    made = []
+    original = drivers.static_buffers
+
+    def spy(tensors, lazy, static=()):
+        out = original(tensors, lazy, static)
+        made.append(out)
+        return out
+
+    monkeypatch.setattr(drivers, "static_buffers", spy)
+    monkeypatch.setattr(runner, "static_buffers", spy)
+    torch._dynamo.reset()
+    model = GeluMLP().eval()
+    compiled = torch.compile(model, backend=Backend(CompilationConfig(**config)))
+    with torch.no_grad():
+        x = torch.randn(4, 32)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    weights = {p.data_ptr() for p in model.parameters()}
+    assert made, "no capture made work buffers"
+    for buffers in made:
+        assert weights <= {b.data_ptr() for b in buffers}, "a weight was copied for the capture"

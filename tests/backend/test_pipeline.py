@@ -1,5 +1,6 @@
 """The compile as a pipeline (fusegraph/pipeline.py): ``compile_graph`` returns a record and reports to nothing;
-``Backend`` absorbs the record; what Dynamo gets is the compile's own callable or, frozen, one ``FrozenGraph``."""
+``Backend`` absorbs the record; what Dynamo gets is the record's callable (an opt-in frozen compile: one
+``FrozenGraph``, made inside the pipeline)."""
 import torch
 import torch.nn.functional as F
 
@@ -42,12 +43,11 @@ def test_compile_graph_returns_a_record_and_reports_to_nothing():
     for name, overrides in ROUTES.items():
         stats = Stats()
         with torch.no_grad():
-            record = pipeline.compile_graph(CompilationConfig(**overrides), stats, gm, inputs, {}, freeze=False,
-                                            graph_id=7)
+            record = pipeline.compile_graph(CompilationConfig(**overrides), stats, gm, inputs, graph_id=7)
             out = record.fn(*inputs)
         out = out[0] if isinstance(out, (list, tuple)) else out
         torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
-        assert record.graph_id == 7 and record.keep is None and record.route in ("default", "graph_with_compile")
+        assert record.graph_id == 7 and record.route in ("default", "graph_with_compile")
         assert record.job.counts["gelu"] == 1 and record.job.tally.patterns["gelu"] == 1, name
         assert stats.patterns["gelu"] == 0 and stats.fallbacks == {}, name  # the record is the caller's to absorb
         stats.absorb(record.job.tally)
@@ -62,7 +62,7 @@ class _Recording(fusegraph.Backend):
         return self.returned
 
 
-def test_what_dynamo_gets_is_the_compile_or_one_frozen_graph(monkeypatch):
+def test_what_dynamo_gets_is_the_record_callable(monkeypatch):
     records = []
     compile_graph = pipeline.compile_graph
 
@@ -73,41 +73,36 @@ def test_what_dynamo_gets_is_the_compile_or_one_frozen_graph(monkeypatch):
     monkeypatch.setattr(pipeline, "compile_graph", recording)
     torch.manual_seed(1)
     model, x = _Block().eval(), torch.randn(3, 16)
-    for freeze in (False, True):
+    for overrides in ({"inductor": False}, {}, {"enable_freezing": True}):
         records.clear()
         torch._dynamo.reset()
-        backend = _Recording({"inductor": False, "enable_freezing": freeze})
+        backend = _Recording(overrides)
         with torch.no_grad():
             torch.testing.assert_close(torch.compile(model, backend=backend)(x), model(x), rtol=1e-5, atol=1e-5)
         (record,) = records
         compiled = backend.returned
-        if freeze:
-            assert type(compiled) is FrozenGraph and record.keep is not None
-            assert compiled.entries[0][1][0] is record.fn  # the compile itself, behind the one wrapper
-            assert not hasattr(compiled, "backend")
-        else:
-            assert compiled is record.fn and record.keep is None
+        assert compiled is record.fn
+        assert (type(compiled) is FrozenGraph) == ("enable_freezing" in overrides)
         assert backend.stats.patterns["gelu"] == 1 and backend.last_graph_ops == record.job.ops
 
 
-def test_a_frozen_graph_recompiles_through_the_pipeline_and_counts_into_the_stats(monkeypatch):
-    """Another parameter tensor at a frozen position: FrozenGraph compiles again with the bound pipeline stage
-    (count=False: the sites are not counted twice), and the re-compile is counted in the Backend's stats."""
+def test_a_frozen_graph_compiles_unfrozen_through_the_pipeline_and_counts_into_the_stats(monkeypatch):
+    """Another parameter tensor at a frozen position: FrozenGraph's one unfrozen compile goes through the pipeline
+    (count=False: the sites are not counted twice; may_freeze=False), and is counted in the Backend's stats."""
     calls = []
     compile_graph = pipeline.compile_graph
 
     def recording(*args, **kwargs):
-        calls.append(kwargs.get("count", True))
+        calls.append((kwargs.get("count", True), kwargs.get("may_freeze", True)))
         return compile_graph(*args, **kwargs)
 
     monkeypatch.setattr(pipeline, "compile_graph", recording)
     torch.manual_seed(2)
-    a, b, x = _Block().eval(), _Block().eval(), torch.randn(3, 16)
+    a, b, c, x = _Block().eval(), _Block().eval(), _Block().eval(), torch.randn(3, 16)
     torch._dynamo.reset()
-    backend = fusegraph.Backend({"inductor": False})
+    backend = fusegraph.Backend({"enable_freezing": True})
     with torch.no_grad():
-        fa, fb = torch.compile(a, backend=backend), torch.compile(b, backend=backend)
-        torch.testing.assert_close(fa(x), a(x), rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(fb(x), b(x), rtol=1e-5, atol=1e-5)  # the same graph, b's weights
-    assert calls == [True, False]
+        for m in (a, b, c, a, b):
+            torch.testing.assert_close(torch.compile(m, backend=backend)(x), m(x), rtol=1e-5, atol=1e-5)
+    assert calls == [(True, True), (False, False)]
     assert backend.stats.frozen_recompiles == 1 and backend.stats.patterns["gelu"] == 1

@@ -214,3 +214,51 @@ def test_a_stride0_first_input_on_the_stream_driver(npu):
     y = torch.randn(3, 4)
     torch.testing.assert_close(r(y), y * 2, rtol=0, atol=0)
     assert r.stats.graphs_captured == 1 and r.stats.replays == 2 and not r.stats.fallbacks
+
+
+def test_static_inputs_are_replayed_in_place_and_keyed_by_address(npu):
+    """Static inputs (a graph's parameters): even under eager capture the static buffer is the caller's own tensor,
+    never a copy, so an in-place edit is read by the next replay; another tensor at that position is a capture of
+    its own (its address is in the signature), and the first tensor is never written."""
+    r = GraphRunner(fn, cfg(graph_lazy_capture=False), static_inputs=(1,), static_by_address=True)
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    torch.testing.assert_close(r(x, w), fn(x, w), rtol=0, atol=0)
+    r(torch.randn(4, 8), w)
+    assert r.stats.graphs_captured == 1 and r.stats.inputs_skipped == 2  # w, on both replays
+    w.mul_(0.5)  # read by the next replay
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(r(x, w), fn(x, w), rtol=0, atol=0)
+    w_before = w.clone()
+    w2 = torch.randn(8, 8)
+    torch.testing.assert_close(r(x, w2), fn(x, w2), rtol=0, atol=0)
+    assert r.stats.graphs_captured == 2
+    torch.testing.assert_close(w, w_before, rtol=0, atol=0)  # never a copy target
+    torch.testing.assert_close(r(x, w), fn(x, w), rtol=0, atol=0)  # both captures serve
+    assert r.stats.graphs_captured == 2
+
+
+def test_graph_route_holds_parameters_where_they_live(npu):
+    """The backend's graph route on a static-buffer driver: the parameters are static inputs (never copied, even
+    with eager capture), an in-place edit is read by the next replay, a replaced parameter is captured anew and the
+    old one is left as it was; every call equals eager."""
+    from fusegraph import Backend, CompilationConfig
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 8)).eval()
+    torch._dynamo.reset()
+    backend = Backend(CompilationConfig(graph_with_compile=True, device_graph="npu", graph_lazy_capture=False))
+    f = torch.compile(m, backend=backend)
+    with torch.no_grad():
+        for _ in range(2):
+            x = torch.randn(3, 8)
+            torch.testing.assert_close(f(x), m(x), rtol=1e-5, atol=1e-5)
+        assert backend.stats.inputs_copied <= 2 and backend.stats.inputs_skipped >= 4  # x copied, 4 weights not
+        m[0].weight.mul_(2)
+        torch.testing.assert_close(f(x), m(x), rtol=1e-5, atol=1e-5)
+        captured = backend.stats.graphs_captured
+        old = m[2].weight
+        old_values = old.detach().clone()
+        m[2].weight = torch.nn.Parameter(torch.randn(8, 16))
+        torch.testing.assert_close(f(x), m(x), rtol=1e-5, atol=1e-5)
+        assert backend.stats.graphs_captured == captured + 1
+        torch.testing.assert_close(old.detach(), old_values, rtol=0, atol=0)

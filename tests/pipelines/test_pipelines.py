@@ -5,8 +5,8 @@ bitwise the same image, and the compiles and captures are counted: as many graph
 (counted beforehand with a counting backend that compiles nothing), each captured once on the graph routes, and
 nothing compiled or captured again on the second call.
 
-The fast tier (``make test``) runs FluxPipeline on the default and graph_with_compile routes, SD3 without
-freezing and WanPipeline with regional compilation;
+The fast tier (``make test``) runs FluxPipeline on the default and graph_with_compile routes, SD3 on the aten route
+and WanPipeline with regional compilation;
 ``make test-pipelines`` runs the three pipelines on every route."""
 import pytest
 import torch
@@ -17,14 +17,13 @@ from tests.pipelines.tiny import PIPELINES
 
 ROUTES = {
     "default": ({}, "whole"),                                        # fusion + Inductor
-    "graph_with_compile": (dict(graph_with_compile=True), "whole"),  # + a captured host graph, frozen weights
-    "no_freezing": (dict(graph_with_compile=True, enable_freezing=False), "whole"),
+    "graph_with_compile": (dict(graph_with_compile=True), "whole"),  # + a captured host graph
+    "aten": (dict(inductor=False), "whole"),                         # fused aten ops, run as they are
     "regional": ({}, "regional"),                                    # compile_repeated_blocks(backend=...)
-    # regional on the graph route: the instances of a block class share one graph, so freezing (which folds
-    # one instance's weights) is turned off — the recipe's advice
-    "regional_graph": (dict(graph_with_compile=True, enable_freezing=False), "regional"),
+    # regional on the graph route: the instances of a block class share one graph and one capture
+    "regional_graph": (dict(graph_with_compile=True), "regional"),
 }
-FAST = {("flux", "default"), ("flux", "graph_with_compile"), ("sd3", "no_freezing"), ("wan", "regional")}
+FAST = {("flux", "default"), ("flux", "graph_with_compile"), ("sd3", "aten"), ("wan", "regional")}
 CASES = [pytest.param(name, route, marks=() if (name, route) in FAST else pytest.mark.pipelines_full)
          for name in PIPELINES for route in ROUTES]
 

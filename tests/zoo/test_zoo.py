@@ -10,8 +10,8 @@ no grad:
 - the fused ops in the graphs the backend hands on (``Backend.last_graph_ops`` of each Dynamo graph of the first
   call: ``fusegraph.rms_norm.default`` ...) equal, per op (``FUSED_OPS``: the three adaln families are one op), the
   sites that the independent counter (tests/zoo/site_counter.py) finds in the graphs Dynamo hands over (on the
-  default route, which freezes: in those graphs with every value computed from weights alone folded, as freezing
-  computes it at compile time — BriaFibo2's RMSNorms of its learned latent queries), less the sites
+  default route: in those graphs with repeated computations merged, as Inductor's CSE does before the fusion pass),
+  less the sites
   ``KNOWN_UNFUSED`` lists with their reasons, less the sites the default route lowered back to Inductor's code
   (``stats.lowered``), and for ``fusegraph.rms_norm`` less the modulated RMSNorms (the fused modulation,
   ``fusegraph.adaln(norm="rms")``, computes the norm); and the matched sites per family (``stats.patterns``) equal
@@ -196,11 +196,11 @@ def test_zoo(name, route):
         torch._dynamo.reset()
         pytest.xfail(f"plain Inductor cannot compile {name} on CPU: {INDUCTOR_CANNOT_COMPILE[name]}")
     sites, frozen_sites, plain_graphs, plain_breaks, norms, frozen_norms = plain_capture(name)
-    # the graphs handed on have repeated computations merged (frozen_sites: the aten and graph routes' freezing,
-    # the Inductor route's aot_autograd CSE); the default route fuses after the merge, the others before it (their
-    # matched counts are the plain sites)
+    # the default route's graphs have repeated computations merged before it fuses (frozen_sites: Inductor's
+    # aot_autograd CSE); the aten and graph routes fuse and run the graph as traced (no parameter is folded)
     match_sites = frozen_sites if route == "default" else sites
-    sites, norms = frozen_sites, frozen_norms
+    if route == "default":
+        sites, norms = frozen_sites, frozen_norms
     model, kw1 = zoo.build(name)
     kws = [kw1] + [zoo.inputs(name, seed=i) for i in range(1, MAX_CALLS)]
     with torch.no_grad():
