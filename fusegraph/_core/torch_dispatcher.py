@@ -9,7 +9,6 @@ import torch.utils._pytree as pytree  # noqa: F401
 OpOverload = torch._ops.OpOverload
 OpOverloadPacket = torch._ops.OpOverloadPacket
 AnyType = torch._C.AnyType
-TENSOR_DATA = torch._C.TensorBase.data  # the getset descriptor ``Parameter.data`` resolves to
 disabled_torch_function_impl = torch._C._disabled_torch_function_impl
 AutoDispatchBelowAutograd = torch._C._AutoDispatchBelowAutograd
 foreach_copy_ = torch._foreach_copy_

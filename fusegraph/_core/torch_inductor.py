@@ -1,5 +1,5 @@
 """Adaptor for ``torch._inductor`` outside its pattern matcher (``torch_pattern_matcher``): compile_fx, the
-decomposition table, the custom-pass interface, freezing and constant folding, the code cache, its config and
+decomposition table, the custom-pass interface, freezing's packing patterns, the code cache, its config and
 its cache folder."""
 from __future__ import annotations
 
@@ -12,10 +12,7 @@ __getattr__ = module_getattr(__name__, {
     "get_hash_for_files": ("torch._inductor.custom_graph_pass", "get_hash_for_files"),
     "cache_dir": ("torch._inductor.runtime.cache_dir_utils", "cache_dir"),
     "config": ("torch._inductor.config", None),
-    "freezing": ("torch._inductor.freezing", None),
-    "freeze": ("torch._inductor.freezing", "freeze"),
     "freezing_patterns": ("torch._inductor.fx_passes.freezing_patterns", None),
-    "constant_folding": ("torch._inductor.constant_folding", None),
     "remove_noop_ops": ("torch._inductor.fx_passes.post_grad", "remove_noop_ops"),
     "PyCodeCache": ("torch._inductor.codecache", "PyCodeCache"),
 })
