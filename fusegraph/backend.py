@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 
 from . import pipeline
-from .config import CompilationConfig
+from .config import CompilationConfig, with_compile_args
 from .fusion import PATTERN_NAMES, passes
 from .stats import Stats
 
@@ -65,16 +65,25 @@ class Backend:
         """('graph_with_compile' | 'graph_only' | 'default', why the wanted graph route is unavailable)."""
         return pipeline.select_route(self.config, example_inputs)
 
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs):
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs, *, mode: Optional[str] = None,
+                 options: Optional[dict] = None):
+        """One Dynamo graph. ``mode`` and ``options`` are what ``torch.compile(..., mode=, options=)`` hands a
+        backend: applied over this backend's config for this compile (``config.with_compile_args``), the backend's
+        own config unchanged."""
         t0 = time.perf_counter()
+        config, log_dir = self.config, self._log_dir
+        if mode is not None or options is not None:
+            config = with_compile_args(config, mode, options)
+            if config.graph_log_url != self.config.graph_log_url:
+                log_dir = passes.prepare_log_dir(config.graph_log_url)
         captured_before, seconds_before = self.stats.graphs_captured, self.stats.capture_seconds
         graph_id = next(self._ids)
-        record = pipeline.compile_graph(self.config, self.stats, gm, example_inputs, graph_id=graph_id,
-                                        log_dir=self._log_dir, label=f"fusegraph Backend {id(self):#x}")
+        record = pipeline.compile_graph(config, self.stats, gm, example_inputs, graph_id=graph_id,
+                                        log_dir=log_dir, label=f"fusegraph Backend {id(self):#x}")
         self.stats.absorb(record.job.tally)
         self.last_route, self.last_graph_ops = record.route, record.job.ops
         job = record.job
-        if record.route == "default" and self.config.inductor and job.counts is not None:
+        if record.route == "default" and config.inductor and job.counts is not None:
             kept = sum(job.counts.values()) - sum((job.lowered or {}).values())
             self.stats.add_graph_choice("fused" if kept > 0 else "inductor")
         seconds = time.perf_counter() - t0
@@ -82,7 +91,7 @@ class Backend:
         log.info(self._summary(job, self.stats.graphs_captured - captured_before,
                                self.stats.capture_seconds - seconds_before))
         log.debug("fusegraph: graph %d compiled in %.2f s on the %s route (%s)", graph_id, seconds, record.route,
-                  "Inductor" if record.route == "default" and self.config.inductor else "aten graph")
+                  "Inductor" if record.route == "default" and config.inductor else "aten graph")
         return record.fn
 
     def _summary(self, job, captured: int, capture_seconds: float) -> str:
@@ -96,12 +105,13 @@ class Backend:
                 f"({capture_seconds:.2f} s, {self.stats.graph_memory_bytes / 2**20:.1f} MiB){to_inductor}")
 
 
-def fusegraph_backend(gm, example_inputs):
-    """Backend by name (``torch.compile(backend="fusegraph")``): a Backend with the process defaults as they are
-    at this compile. Its counters add up in ``fusegraph_backend.stats``."""
+def fusegraph_backend(gm, example_inputs, *, mode: Optional[str] = None, options: Optional[dict] = None):
+    """Backend by name (``torch.compile(backend="fusegraph", mode=..., options=...)``): a Backend with the process
+    defaults as they are at this compile, ``mode``/``options`` applied over them. Its counters add up in
+    ``fusegraph_backend.stats``."""
     backend = Backend()
     backend.stats = fusegraph_backend.stats
-    return backend(gm, example_inputs)
+    return backend(gm, example_inputs, mode=mode, options=options)
 
 
 fusegraph_backend.stats = Stats()

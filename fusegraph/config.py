@@ -199,6 +199,40 @@ class FusionPatterns(_ConfigBase):
         return tuple(f.name for f in FAMILIES if f.on(self))
 
 
+def _inductor_options(name, v):
+    """A dict of Inductor option names (``torch._inductor.config``, ``-`` read as ``_``) to values, type-checked as
+    ``torch.compile(options=...)`` checks them for Inductor. The three that fusegraph sets itself per graph are
+    refused here, naming the field that says the same."""
+    if not isinstance(v, dict):
+        raise TypeError(f"{name} must be a dict of Inductor option names to values, got {v!r} ({type(v).__name__})")
+    from typing import get_origin
+
+    from ._core.torch_inductor import config as inductor_config
+
+    known = inductor_config.get_config_copy()
+    out = {}
+    for key, value in v.items():
+        if not isinstance(key, str):
+            raise TypeError(f"{name}: option names are strings, got {key!r} ({type(key).__name__})")
+        attr = key.replace("-", "_")
+        if attr in _INDUCTOR_OWNED:
+            raise ValueError(f"{name}: {key!r} is set by fusegraph per graph; {_INDUCTOR_OWNED[attr]}")
+        if attr not in known:
+            raise ValueError(f"{name}: {key!r} is not an Inductor option (torch._inductor.list_options() names them)")
+        expected = inductor_config.get_type(attr)
+        if get_origin(expected) is None and isinstance(expected, type) and not isinstance(value, expected):
+            raise TypeError(f"{name}: Inductor option {key!r} must be a {expected.__name__}, got {value!r} "
+                            f"({type(value).__name__})")
+        out[attr] = value
+    return out
+
+
+# Inductor options fusegraph sets on each compile of the Inductor route, and where a user says the same.
+_INDUCTOR_OWNED = {"post_grad_custom_pre_pass": "fusegraph's fusion pass runs there",
+                   "freezing": "use enable_freezing (torch.compile(options={'freezing': True}) sets it)",
+                   "cpp_wrapper": "use the cpp_wrapper field (torch.compile(options={'cpp_wrapper': ...}) sets it)"}
+
+
 def _fusion_patterns(name, v):
     if isinstance(v, FusionPatterns):
         return copy.deepcopy(v)
@@ -280,6 +314,11 @@ class CompilationConfig(_ConfigBase):
                            "the package, or one `python -m fusegraph bench calibrate` measured on this machine): one "
                            "compile per graph, nothing timed on the user's calls; 'always' keeps every fused op. The "
                            "aten and graph routes always fuse.")
+    inductor_options = _Field({}, _inductor_options,
+                              "Inductor options (torch._inductor.config names, as torch.compile(options=...) takes "
+                              "them for Inductor) for the Inductor route's compile, e.g. {'max_autotune': True}; "
+                              "torch.compile's mode and options set them too (GUIDE §1.12). The aten and graph routes "
+                              "compile no Inductor code: there they are unused (said in stats.fallbacks).")
     graph_log_url = _Field(None, _optional_path, "A directory: each pass writes the graph before and after it "
                                                  "there, as readable text.")
     fusion_patterns = _Field(None, _fusion_patterns, "Which fusion pattern families run (FusionPatterns).")
@@ -304,6 +343,74 @@ class CompilationConfig(_ConfigBase):
                 setattr(FusionPatterns, k, v)
             return None
         return super()._convert(name, value, defaults)
+
+
+# torch.compile(mode=...) -> (the route, Inductor's settings of that mode). See with_compile_args.
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs", "lite")
+
+
+def with_compile_args(config: CompilationConfig, mode=None, options=None) -> CompilationConfig:
+    """``config`` with ``torch.compile``'s ``mode`` and ``options`` applied, as a new config (``config`` unchanged).
+
+    The rule: the config is the base; ``mode`` then picks the route, keeping the config's choices within it;
+    ``options`` then set fields by name. ``mode``:
+      - ``"default"``: the config as it is;
+      - ``"reduce-overhead"``: a graph route (the device graph is fusegraph's answer to CUDA graphs):
+        ``graph_with_compile=True`` unless the config already asks for one (``graph_only`` stays unfused);
+      - ``"max-autotune"``, ``"max-autotune-no-cudagraphs"``: the Inductor route (``inductor=True``, no graph
+        route) with that mode's Inductor settings (``torch._inductor.list_mode_options``) under ``inductor_options``;
+      - ``"lite"`` (Inductor's mode that turns its graph passes off): the aten route (``inductor=False``): the
+        fusion without code generation, fusegraph's fastest compile.
+    ``options``: each name is a ``CompilationConfig`` field (or alias), a ``FusionPatterns`` field, or an Inductor
+    option (``torch._inductor.config``; ``freezing`` and ``cpp_wrapper`` set the fields of those names), added to
+    ``inductor_options``. Anything else raises ``ValueError`` naming it."""
+    new = copy.deepcopy(config)
+    if mode is not None:
+        if not isinstance(mode, str) or mode not in MODES:
+            raise ValueError(f"mode={mode!r} is not a torch.compile mode fusegraph knows; expected one of "
+                             f"{', '.join(map(repr, MODES))}")
+        if mode == "reduce-overhead":
+            if not (new.graph_only or new.graph_with_compile):
+                new.graph_with_compile = True
+        elif mode.startswith("max-autotune"):
+            from ._core.torch_inductor import list_mode_options
+
+            new.graph_only = new.graph_with_compile = False
+            new.inductor = True
+            new.inductor_options = {**new.inductor_options, **list_mode_options(mode)}
+        elif mode == "lite":
+            new.graph_only = new.graph_with_compile = False
+            new.inductor = False
+    if options is None:
+        return new
+    if not isinstance(options, dict):
+        raise TypeError(f"options must be a dict of option names to values, got {options!r} "
+                        f"({type(options).__name__})")
+    inductor = {}
+    for name, value in options.items():
+        if not isinstance(name, str):
+            raise TypeError(f"options: names are strings, got {name!r} ({type(name).__name__})")
+        field = {"freezing": "enable_freezing"}.get(name, name)
+        if field in CompilationConfig._fields or field in CompilationConfig._aliases:
+            try:
+                setattr(new, field, value)
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"options[{name!r}]: {e}") from None
+        elif name in FusionPatterns._fields:
+            try:
+                setattr(new.fusion_patterns, name, value)
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"options[{name!r}]: {e}") from None
+        else:
+            from ._core.torch_inductor import config as inductor_config
+
+            if name.replace("-", "_") not in inductor_config.get_config_copy():
+                raise ValueError(f"options: unknown option {name!r}: not a CompilationConfig field, a FusionPatterns "
+                                 f"field nor an Inductor option (torch._inductor.list_options())")
+            inductor[name] = value
+    if inductor:
+        new.inductor_options = {**new.inductor_options, **_inductor_options("options", inductor)}
+    return new
 
 
 def _env_bool(var: str, field: str) -> None:

@@ -83,7 +83,11 @@ def compile_graph(config, stats, gm, example_inputs, *, graph_id: int, count: bo
                                                symbolic=has_symbolic_inputs(gm, example_inputs),
                                                opaque=any(is_opaque(x) for x in example_inputs))
         job = FusionJob(config, graph_id, log_dir=log_dir, label=label, count=count, freeze=bool(params))
-        for reason in (why, not_frozen):
+        unused = None
+        if config.inductor_options and not (route == "default" and config.inductor):
+            unused = (f"Inductor options {', '.join(sorted(config.inductor_options))} unused: the "
+                      f"{'aten' if route == 'default' else route} route compiles no Inductor code")
+        for reason in (why, not_frozen, unused):
             if reason:
                 job.note_fallback(reason)
         job.fusing = route != "graph_only"
@@ -128,7 +132,8 @@ def _compile_inductor_with(config, gm, example_inputs, job: FusionJob, cpp_wrapp
     fusion_pass = FusionPass(config, job)
     if config.verify:  # the post-grad graph's placeholders once Inductor froze the rest
         job.real_inputs = list(example_inputs)
-    patches = {"post_grad_custom_pre_pass": fusion_pass, "freezing": job.freeze, "cpp_wrapper": cpp_wrapper}
+    patches = {**config.inductor_options,
+               "post_grad_custom_pre_pass": fusion_pass, "freezing": job.freeze, "cpp_wrapper": cpp_wrapper}
     with _refuse_proxy_executor(cpp_wrapper):
         compiled = compile_fx(gm, example_inputs, config_patches=patches)
     if job.pass_ran:

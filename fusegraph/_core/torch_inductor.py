@@ -1,6 +1,6 @@
 """Adaptor for ``torch._inductor`` outside its pattern matcher (``torch_pattern_matcher``): compile_fx, the
-decomposition table, the custom-pass interface, freezing's packing patterns, the code cache, its config and
-its cache folder."""
+decomposition table, the custom-pass interface, freezing's packing patterns, the code cache, its config, its
+cache folder and the settings of torch.compile's modes."""
 from __future__ import annotations
 
 from .lazy import module_getattr
@@ -15,6 +15,7 @@ __getattr__ = module_getattr(__name__, {
     "freezing_patterns": ("torch._inductor.fx_passes.freezing_patterns", None),
     "remove_noop_ops": ("torch._inductor.fx_passes.post_grad", "remove_noop_ops"),
     "PyCodeCache": ("torch._inductor.codecache", "PyCodeCache"),
+    "list_mode_options": ("torch._inductor", "list_mode_options"),
 })
 
 
