@@ -1,12 +1,13 @@
 """LoRA workflows on a compiled tiny diffusers FluxTransformer2DModel give eager's results after every step.
 
-Freezing folds the parameters themselves (aliases, never copies) into the compiled graph, so a LoRA merged into the
-base weights in place — by hand (``w.data += B @ A * scale``) or by peft's hotswap (``.data.copy_`` of the LoRA
-factors) — is read by the next call with no compile of any kind. Workflows that change the module structure
-(adding, activating, fusing, deleting adapters) make Dynamo re-compile; their results are asserted and what each
-step costs is printed (``pytest -s``); docs/GUIDE.md §2.3 tabulates them. The fast tier (``make test``) runs the
-in-place steps on the frozen graph route and the safe fuse; ``make test-pipelines`` the adapter workflow and
-every route.
+Parameters are graph inputs on every route, read where they live (the graph route captures them in place), so a
+LoRA merged into the base weights in place — by hand (``w.data += B @ A * scale``) or by peft's hotswap
+(``.data.copy_`` of the LoRA factors) — is read by the next call with no compile and no capture of any kind.
+Workflows that change the module structure (adding, activating, fusing, deleting adapters) make Dynamo re-compile;
+their results are asserted and what each step costs is printed (``pytest -s``); docs/GUIDE.md §2.3 tabulates them.
+The hotswap is also run as diffusers' own hotswap tests compile it: ``mode="reduce-overhead"`` (the graph route),
+``error_on_recompile``, ranks that differ, ``dynamic=True`` over three latent grids. The fast tier (``make test``)
+runs the in-place steps on the graph route, one static hotswap under ``reduce-overhead`` and the safe fuse; ``make test-pipelines`` the adapter workflow and every route.
 
 Every check calls the compiled model and the same model eagerly, at that moment, on fresh random inputs, twice (a
 first call after the step and a later one). The LoRA factors are
@@ -14,8 +15,8 @@ randomized (peft initialises B to zero, which would make every check pass trivia
 the model's output really changed.
 
 ``test_safe_fuse_after_a_reweighting``: a Dynamo graph with an unspecialized float input (peft's ``scaling`` once
-``set_adapters`` changed it, read with ``.item()``) is not frozen, since a frozen graph's re-compile runs outside
-Dynamo and cannot trace it; its replaced weights are then plain inputs.
+``set_adapters`` changed it, read with ``.item()``) whose weights ``fuse_lora(safe_fusing=True)`` replaced: the
+replaced weights are the next call's inputs.
 """
 import itertools
 
@@ -246,7 +247,7 @@ def test_lora_adapter_workflow(route):
     c.step('2. set_adapters("a")', lambda: model.set_adapters("a"))
     torch.testing.assert_close(c.output(), with_a, rtol=1e-4, atol=1e-4)
 
-    # peft's merge and unmerge write the base weights in place (``weight.data += delta``): read, never re-frozen
+    # peft's merge and unmerge write the base weights in place (``weight.data += delta``): read as they are
     in_place = [c.step("3. fuse_lora(lora_scale=1.0)", lambda: model.fuse_lora(lora_scale=1.0))]
     torch.testing.assert_close(c.output(), with_a, rtol=1e-4, atol=1e-4)
     in_place.append(c.step("3. unfuse_lora()", model.unfuse_lora))
@@ -267,7 +268,7 @@ def test_lora_adapter_workflow(route):
 def test_safe_fuse_after_a_reweighting():
     """``fuse_lora(safe_fusing=True)`` replaces each merged weight's ``.data``; after ``set_adapters`` changed an
     adapter's scale (Dynamo then passes the scale as an unspecialized float), ``unfuse_lora`` returns to a cached
-    Dynamo graph whose frozen weights were replaced: its frozen re-compile must work and give eager's result."""
+    Dynamo graph whose weights were replaced: it reads them and gives eager's result."""
     model = _flux()
     model.add_adapter(peft.LoraConfig(r=RANK, lora_alpha=RANK, target_modules=TARGETS), adapter_name="a")
     _randomize_lora(model, "a", seed=1)
@@ -276,3 +277,78 @@ def test_safe_fuse_after_a_reweighting():
     c.step('set_adapters("a", 0.7)', lambda: model.set_adapters("a", 0.7))
     c.step("fuse_lora(safe_fusing=True)", lambda: model.fuse_lora(safe_fusing=True))
     c.step("unfuse_lora()", model.unfuse_lora)
+
+
+# --- hotswap as diffusers' own hotswap tests compile: torch.compile(mode="reduce-overhead"[, dynamic=True]) ---------
+
+
+def _flux_inputs(seed, h=4, w=4):
+    """Forward kwargs of the tiny Flux at an ``h`` x ``w`` latent grid (``h * w`` image tokens)."""
+    g = torch.Generator().manual_seed(30_000 + seed)
+    grid = torch.meshgrid(torch.zeros(1), torch.arange(float(h)), torch.arange(float(w)), indexing="ij")
+    ids = torch.stack(grid, -1)
+    return dict(hidden_states=torch.randn(1, h * w, 4, generator=g),
+                encoder_hidden_states=torch.randn(1, 8, 32, generator=g),
+                pooled_projections=torch.randn(1, 32, generator=g), timestep=torch.rand(1, generator=g),
+                img_ids=ids.reshape(h * w, 3).float(), txt_ids=torch.zeros(8, 3))
+
+
+SHAPES = ((4, 4), (4, 8), (8, 8))  # diffusers' Flux hotswap tests' latent grids
+
+
+@pytest.mark.parametrize("ranks, dynamic", [
+    pytest.param((4, 4), False), pytest.param((3, 6), False, marks=pytest.mark.pipelines_full),
+    pytest.param((6, 3), True, marks=pytest.mark.pipelines_full),
+    pytest.param((4, 4), True, marks=pytest.mark.pipelines_full)])
+def test_lora_hotswap_under_reduce_overhead(ranks, dynamic):
+    """diffusers' hotswap workflow as its own tests run it, compiled by fusegraph: ``enable_lora_hotswap`` to the
+    larger rank, adapter 0 loaded, ``torch.compile(model, backend=..., mode="reduce-overhead", dynamic=...)`` (the
+    graph route), called (over three latent grids when dynamic), adapter 1 of another rank hot-swapped in, called
+    again: eager's result every time, under ``error_on_recompile`` (a hotswap must not re-compile) — and after the
+    swap no new capture either (the LoRA factors are parameters, captured where they live)."""
+    rank0, rank1 = ranks
+    model = _flux()
+    model.enable_lora_hotswap(target_rank=max(ranks))
+    model.load_lora_adapter(_lora_state_dict(model, 1, rank=rank0), adapter_name="adapter0", prefix=None)
+    backend = fusegraph.Backend()
+    compiled = torch.compile(model, backend=backend, mode="reduce-overhead", dynamic=dynamic)
+    shapes = SHAPES if dynamic else SHAPES[:1]
+    seeds = itertools.count()
+
+    def check(what):
+        outs = []
+        for h, w in shapes:
+            kwargs = _flux_inputs(next(seeds), h, w)
+            got, want = compiled(**kwargs)[0], model(**kwargs)[0]
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=lambda s: f"{what} at {h}x{w}: {s}")
+            outs.append((kwargs, want))
+        return outs
+
+    with torch._dynamo.config.patch(error_on_recompile=True), torch.inference_mode():
+        before = check("adapter 0")
+        assert backend.last_route == "graph_with_compile" and backend.stats.eager_calls == 0
+        compiled_before = (backend.stats.graphs_compiled, backend.stats.graphs_captured)
+        model.load_lora_adapter(_lora_state_dict(model, 2, rank=rank1), adapter_name="adapter0", prefix=None,
+                                hotswap=True)
+        check("adapter 1 hot-swapped in")
+        for kwargs, old in before:
+            _differs(model(**kwargs)[0], old, "the hotswap")
+    assert (backend.stats.graphs_compiled, backend.stats.graphs_captured) == compiled_before, \
+        "a hotswap compiled or captured again"
+
+
+def test_hotswap_of_an_adapter_targeting_more_layers_is_peft_s_error():
+    """PEFT refuses a hotswap whose adapter targets layers the loaded one does not (its RuntimeError, logged by
+    diffusers) — on a model compiled with ``mode="reduce-overhead"`` too: the compile must not be what raises."""
+    model = _flux()
+    model.enable_lora_hotswap(target_rank=4)
+    q_only = {k: v for k, v in _lora_state_dict(model, 1).items() if ".to_q." in k}
+    model.load_lora_adapter(q_only, adapter_name="adapter0", prefix=None)
+    compiled = torch.compile(model, backend="fusegraph", mode="reduce-overhead")
+    with torch.inference_mode():
+        kwargs = _flux_inputs(0)
+        torch.testing.assert_close(compiled(**kwargs)[0], model(**kwargs)[0], rtol=1e-4, atol=1e-4)
+    q_and_k = {k: v for k, v in _lora_state_dict(model, 2).items() if ".to_q." in k or ".to_k." in k}
+    with pytest.raises(RuntimeError) as info:
+        model.load_lora_adapter(q_and_k, adapter_name="adapter0", prefix=None, hotswap=True)
+    assert not isinstance(info.value, torch._dynamo.exc.BackendCompilerFailed), info.value
