@@ -7,7 +7,8 @@ Workflows that change the module structure (adding, activating, fusing, deleting
 their results are asserted and what each step costs is printed (``pytest -s``); docs/GUIDE.md §2.3 tabulates them.
 The hotswap is also run as diffusers' own hotswap tests compile it: ``mode="reduce-overhead"`` (the graph route),
 ``error_on_recompile``, ranks that differ, ``dynamic=True`` over three latent grids. The fast tier (``make test``)
-runs the in-place steps on the graph route, one static hotswap under ``reduce-overhead`` and the safe fuse; ``make test-pipelines`` the adapter workflow and every route.
+runs the in-place steps on the graph route, one static hotswap under ``reduce-overhead`` and the safe fuse;
+``make test-pipelines`` the adapter workflow and every route.
 
 Every check calls the compiled model and the same model eagerly, at that moment, on fresh random inputs, twice (a
 first call after the step and a later one). The LoRA factors are
