@@ -69,3 +69,9 @@ def fx_tracing_window(kind: str):
         force.default = saved_default
         for entry, token in reversed(tokens):
             entry.user_override.reset(token)
+
+
+def recompile_limit(limit: int):
+    """A context manager setting Dynamo's per-frame recompile limit (``torch._dynamo.config.recompile_limit``, 8 by
+    default) to ``limit`` inside it: for one module compiled with several backends (each compiles its own entries)."""
+    return torch._dynamo.config.patch(recompile_limit=limit)
