@@ -296,6 +296,13 @@ def _describe(match) -> str:
     return ", ".join(parts)
 
 
+def _runtime_eps(match) -> bool:
+    """The match's eps is a 0-d float tensor node (a value read at run time), not a number."""
+    eps = match.kwargs.get("eps")
+    val = eps.meta.get("val") if isinstance(eps, torch.fx.Node) else None
+    return isinstance(val, torch.Tensor) and val.dim() == 0 and val.dtype.is_floating_point
+
+
 def _refusal(family: str, entry, match) -> str:
     """Why a match of a registered form was not applied: the alpha guard, the family's check on the operands,
     or the matcher's exact re-check of the form on this site's own shapes and constants."""
@@ -305,6 +312,10 @@ def _refusal(family: str, entry, match) -> str:
         if not passes._has_no_scaled_add(match):
             return f"{what} an add in it has alpha != 1"
         if family_check is not None and not family_check(match):
+            if _runtime_eps(match):
+                return (f"{what} its eps is read at run time: a 0-d tensor input, as Dynamo passes a module's Python "
+                        f"float attribute (diffusers RMSNorm's self.eps) under dynamic=True; the fused ops take eps as "
+                        f"a number fixed at compile time (automatic dynamic shapes and mark_dynamic keep it one)")
             return f"{what} the {family} check refused its operands ({_describe(match)})"
         if not entry.extra_check(match):
             if family_check is None:
@@ -572,11 +583,12 @@ def _break(reason) -> GraphBreak:
     return b
 
 
-def explain(model_or_fn, *args, config=None, **kwargs) -> ExplainReport:
+def explain(model_or_fn, *args, config=None, dynamic=None, **kwargs) -> ExplainReport:
     """Compiles and runs ``model_or_fn(*args, **kwargs)`` once under no_grad with the fusegraph backend and
     reports, per pattern family, the fused sites, the candidates left unfused with a reason, and the graph
     breaks. ``config``: a CompilationConfig, a dict of overrides or None (``inductor=False``: the same fusion
-    passes without Inductor's codegen).
+    passes without Inductor's codegen). ``dynamic``: ``torch.compile``'s (True: symbolic sizes from the first
+    call, and Python floats of modules as inputs; the sites that costs are listed with that reason).
 
     Dynamo is reset before and after, so no compiled state is left behind; the model is not modified
     (it is wrapped, not compiled in place). Not thread-safe: one explain runs at a time per process."""
@@ -616,7 +628,7 @@ def explain(model_or_fn, *args, config=None, **kwargs) -> ExplainReport:
                 stack.enter_context(mock.patch.object(passes, "fuse_graph", observed_fuse_graph))
                 # Inductor's FX graph cache skips the fusion pass on a hit (inductor=True configs)
                 stack.enter_context(inductor_config.patch(fx_graph_cache=False))
-                torch.compile(model_or_fn, backend=compiler)(*args, **kwargs)
+                torch.compile(model_or_fn, backend=compiler, dynamic=dynamic)(*args, **kwargs)
             # Dynamo lists every break in order, also those whose graph held no op (never handed to a backend)
             breaks = list(graph_break_reasons) + [b for b in breaks if not any(b is r for r in graph_break_reasons)]
         finally:
@@ -652,6 +664,8 @@ def main(argv=None) -> int:
     parser.add_argument("--model", required=True, help="a diffusers transformer class name from fusegraph.zoo")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--dynamic", action="store_true",
+                        help="compile with torch.compile(dynamic=True): symbolic sizes, Python floats as inputs")
     args = parser.parse_args(argv)
     known = zoo.names()
     if args.model not in known:
@@ -663,7 +677,7 @@ def main(argv=None) -> int:
         print(f"python -m fusegraph explain: argument --json: cannot write {args.json!r}: {why}", file=sys.stderr)
         return 2
     model, kwargs = zoo.build(args.model, dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype])
-    report = explain(model, **kwargs)
+    report = explain(model, dynamic=True if args.dynamic else None, **kwargs)
     print(report.table())
     if args.json:
         try:

@@ -27,6 +27,7 @@ from .._core.torch_pattern_matcher import PatternMatcherPass
 
 from . import traced
 from .patterns import BY_NAME, FAMILY_NAMES, SWITCHES
+from .patterns._trace import canonical_symbols
 
 log = logging.getLogger("fusegraph")
 
@@ -128,10 +129,13 @@ def _guard_entries(pm: PatternMatcherPass) -> None:
 
 def remove_redundant_nodes(graph: torch.fx.Graph) -> int:
     """Drops no-op clones, identity views/reshapes/slices/casts (Inductor's ``remove_noop_ops``, which never
-    creates new input/output aliasing) and single-piece splits. Returns the number of nodes removed."""
+    creates new input/output aliasing) and single-piece splits, and under symbolic shapes keeps one node per
+    symbolic value (``canonical_symbols``: a replacement's re-trace adds its own ``sym_size`` reads). Returns the
+    number of nodes removed."""
     from .._core.torch_inductor import remove_noop_ops
 
     before = len(graph.nodes)
+    canonical_symbols(graph)
     _remove_single_piece_splits(graph)
     remove_noop_ops(graph)
     graph.eliminate_dead_code()

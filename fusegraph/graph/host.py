@@ -125,3 +125,82 @@ def build_host_graph(gm: torch.fx.GraphModule) -> HostGraph:
             raise Unsupported(f"unsupported node {n.op} {target}")
     graph.finalize()
     return graph
+
+
+_SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def specialize(gm: torch.fx.GraphModule, args) -> "torch.fx.GraphModule | None":
+    """``gm``, an aten graph compiled for symbolic sizes (SymInt and tensor inputs: the backend's graph under
+    ``dynamic=True`` or automatic dynamic shapes), as a graph of the tensor inputs alone for the sizes of ``args``
+    (the call's values, one per input): every symbol bound from the SymInt inputs and the tensors' sizes, every
+    size the graph computes (``sym_size``, ``sym_sum``, arithmetic) written as its number, the SymInt inputs dropped,
+    size assertions that hold dropped. The graph's ops and their order are kept: what was fused stays fused. None
+    when a size does not follow from the inputs (a data-dependent size) or the inputs contradict the graph's
+    sizes; the caller then traces the call (``trace_aten``). No trace, no fake tensors: the host driver builds the
+    host graph from the result as it builds a static graph's."""
+    import sympy
+
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    if len(placeholders) != len(args):
+        return None
+    bound: dict = {}
+
+    def bind(size, actual) -> bool:
+        if isinstance(size, torch.SymInt):
+            expr = size.node.expr
+            if isinstance(expr, sympy.Symbol):
+                if bound.setdefault(expr, sympy.Integer(actual)) != actual:
+                    return False
+        return True
+
+    for node, a in zip(placeholders, args):
+        val = node.meta.get("val", node.meta.get("example_value"))
+        if isinstance(val, _SYM):
+            if not isinstance(val, torch.SymInt) or isinstance(a, bool) or not isinstance(a, int) or not bind(val, a):
+                return None
+        elif isinstance(val, torch.Tensor):
+            if not isinstance(a, torch.Tensor) or a.dim() != val.dim():
+                return None
+            if not all(bind(s, n) for s, n in zip((*val.shape, *val.stride()), (*a.shape, *a.stride()))):
+                return None
+
+    def number(val):
+        if not isinstance(val, _SYM):
+            return val
+        try:
+            v = val.node.expr.xreplace(bound)
+        except Exception:
+            return None
+        if isinstance(val, torch.SymBool):
+            return bool(v) if v in (sympy.true, sympy.false, True, False) else None
+        if not isinstance(v, (int, float)) and not getattr(v, "is_number", False):
+            return None
+        return int(v) if isinstance(val, torch.SymInt) else float(v)
+
+    # the tensors' sizes as the graph computed them must be the call's
+    for node, a in zip(placeholders, args):
+        val = node.meta.get("val", node.meta.get("example_value"))
+        if isinstance(val, torch.Tensor) and any(number(s) != n for s, n in zip(val.shape, a.shape)):
+            return None
+    graph = torch.fx.Graph()
+    env: dict = {}
+    graph.output(graph.graph_copy(gm.graph, env))
+    for node in list(graph.nodes):
+        if node.op == "output":
+            continue
+        val = node.meta.get("val", node.meta.get("example_value"))
+        if isinstance(val, _SYM):
+            n = number(val)
+            if n is None:
+                return None
+            for user in list(node.users):
+                user.args = torch.fx.map_arg(user.args, lambda x, node=node, n=n: n if x is node else x)
+                user.kwargs = torch.fx.map_arg(user.kwargs, lambda x, node=node, n=n: n if x is node else x)
+            graph.erase_node(node)
+        elif node.op == "call_function" and node.target is torch.ops.aten._assert_scalar.default:
+            if node.args[0] is not True:
+                return None  # a size assertion that does not hold for these sizes
+            graph.erase_node(node)
+    graph.lint()
+    return torch.fx.GraphModule(gm, graph)

@@ -52,6 +52,7 @@ from ..stats import Stats
 
 from .buckets import _BucketsOff, graph_route_batch, make_buckets
 from .drivers import select_driver, static_buffers
+from .host import specialize
 from .options import GraphOptions
 
 _log = logging.getLogger("fusegraph.graph")
@@ -111,6 +112,9 @@ class GraphRunner:
         self._guard_weights = guard_weights  # False: the caller guards them (the backend's routes)
         self._fn_guard = _module_guard(_modules_of(fn)) if guard_weights else None
         self._aten_graph = fn if _is_aten_graph(fn) else None  # built by the host driver without a re-trace
+        # the backend's graph compiled for symbolic sizes (SymInt inputs): already fused, so a capture only
+        # specializes it to the call's sizes (the driver's plain trace), never fuses it again
+        self._symbolic_aten_graph = self._aten_graph is None and _is_aten_graph(fn, symbolic=True)
         self._arg_guards: dict = {}  # id(module argument) -> (module, SlotGuard)
         self._values_seen: dict = {}  # non-tensor leaf position -> set of values captured
         self._warned: set = set()
@@ -317,8 +321,10 @@ class GraphRunner:
             # turn the graph's own factory ops (a graph of constants, like Mochi's position tables) into fakes
             with capture_lock(), fx_tracing_window("capture"), unset_fake_temporarily():
                 graph = self._aten_graph if in_spec is None else None
+                if self._symbolic_aten_graph and not kwargs and len(leaves) == len(args) + 1:
+                    graph = specialize(self.fn, leaves[:-1])  # None: the driver traces this call instead
                 counts = plain = None
-                if graph is None and o.fuses:
+                if graph is None and o.fuses and not self._symbolic_aten_graph:
                     graph, counts, plain = self._fuse(flat_fn, tensors, o)
                     if graph is not None and driver.name != "host":  # device graphs capture the fused graph's run
                         flat_fn = _list_outputs(graph)
@@ -476,23 +482,30 @@ def _overrides_torch_function(cls) -> bool:
     return getattr(cls, "__torch_dispatch__", None) is not getattr(torch.Tensor, "__torch_dispatch__", None)
 
 
-def _is_aten_graph(fn) -> bool:
-    """An FX graph of dispatcher ops only (aot_autograd's, after fusion), whose inputs are all tensors."""
+def _is_aten_graph(fn, symbolic: bool = False) -> bool:
+    """An FX graph of dispatcher ops only (aot_autograd's, after fusion), whose inputs are all tensors;
+    ``symbolic``: one with symbolic sizes, whose inputs are tensors and SymInts and whose other nodes may compute
+    sizes (``sym_size``, ``sym_sum``, ``operator`` arithmetic on them), and which has at least one SymInt input."""
     import operator
 
     if not isinstance(fn, torch.fx.GraphModule):
         return False
+    symbols = False
     for n in fn.graph.nodes:
+        val = n.meta.get("val", n.meta.get("example_value"))
         if n.op == "placeholder":
-            val = n.meta.get("val", n.meta.get("example_value"))
-            if val is not None and not isinstance(val, torch.Tensor):
+            if symbolic and isinstance(val, torch.SymInt):
+                symbols = True
+            elif val is not None and not isinstance(val, torch.Tensor):
                 return False
         elif n.op == "call_function":
+            if symbolic and isinstance(val, (torch.SymInt, torch.SymBool, torch.SymFloat)):
+                continue  # a size computed from sizes
             if single_overload(n.target) is None and n.target is not operator.getitem:
                 return False
         elif n.op not in ("get_attr", "output"):
             return False
-    return True
+    return symbols or not symbolic
 
 
 def _modules_of(fn) -> list:

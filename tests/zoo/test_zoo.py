@@ -33,10 +33,15 @@ Tiers: the fast tier (default, part of ``make test``) runs FAST_ALL_ROUTES — f
 on all three routes, the diffusers-test configs' RoPE check on the aten route, the bf16 checks and the counter's own
 tests (about 5 minutes of 2-core CPU time; every model on one route alone would take longer: 71 entries x 10-30 s);
 the full tier (``make test-zoo``) runs every entry on every route.
+
+Dynamic shapes (``test_zoo_dynamic``, see the comment above it): every entry compiled for symbolic sizes on the aten
+route, with its sequence dims marked dynamic (what automatic dynamic shapes compile after a second resolution) and
+with ``dynamic=True``; the fast tier runs Flux's marked case alone.
 """
 from __future__ import annotations
 
 import collections
+import operator
 import copy
 import functools
 
@@ -371,3 +376,114 @@ def test_compiling_ltx_models_leaves_stderr_clean():
     assert err == "", f"compiling LTX / LTX2 wrote {len(err.splitlines())} lines to stderr:\n{err[:3000]}"
     # the check can fail: an error-level line from the matcher's logger is seen
     assert "injected error" in _compile_stderr("inject")
+
+
+# ---- dynamic shapes (issue 36) -----------------------------------------------------------------------------------
+# Every zoo model compiled for symbolic sizes on the aten route (the same passes as every route, no codegen), two ways:
+# - "mark": the sequence dims of hidden_states marked dynamic (maybe_mark_dynamic: dim 1 of a [B, S, C] input, the
+#   frame/height/width dims of a latent): what Dynamo's automatic dynamic shapes compile once a second resolution
+#   comes. Every family fuses exactly the sites the counter finds (as the static compile: test_zoo), and both calls
+#   equal eager.
+# - "dynamic": torch.compile(dynamic=True), as cache-dit applies a backend. Dynamo then also passes a module's Python
+#   float attributes as inputs: diffusers RMSNorm's self.eps arrives as a 0-d tensor, which the fused ops (eps a
+#   compile-time float in their schemas) cannot take. So the rms_norm family fuses the sites less those norms (counted
+#   here independently, in Dynamo's graph: an ``.item()`` of an ``eps`` input added to a ``mean``), every other
+#   family but the modulated-RMSNorm families and mul_add exactly its sites; the modulated RMSNorms of unfused norms
+#   stay unfused (adaln_rms, adaln_noshift at most their sites) and mul_add may take their ``* (1 + scale) + shift``
+#   (at least its sites). Both calls equal eager.
+# Fast tier: Flux "mark" alone (one small case); the full tier runs every model both ways.
+FAST_DYNAMIC = (("FluxTransformer2DModel", "mark"),)
+RUNTIME_EPS_FAMILIES = ("adaln_rms", "adaln_noshift")
+
+
+def _dynamic_cases():
+    for name in zoo.names():
+        for mode in ("mark", "dynamic"):
+            marks = () if (name, mode) in FAST_DYNAMIC else (pytest.mark.zoo_full,)
+            yield pytest.param(name, mode, marks=marks, id=f"{name}-{mode}")
+
+
+def mark_sequence_dims(kw: dict) -> int:
+    """Marks hidden_states' sequence dims dynamic (dim 1 of rank 3, dims 2.. of a rank 4/5 latent); how many."""
+    h = kw.get("hidden_states")
+    if not isinstance(h, torch.Tensor) or h.dim() < 3:
+        return 0
+    dims = [1] if h.dim() == 3 else list(range(2, h.dim()))
+    for d in dims:
+        torch._dynamo.maybe_mark_dynamic(h, d)
+    return len(dims)
+
+
+def runtime_eps_norms(gm) -> list:
+    """Norms of a Dynamo graph whose eps is an input read at run time: ``x.item()`` of an input named ``*eps``
+    added to a ``mean``; one (input name, add node name) per norm call."""
+    found = []
+    for node in gm.graph.nodes:
+        if node.op == "call_method" and node.target == "item" and node.args[0].op == "placeholder" and \
+                str(node.args[0].target).endswith("eps"):
+            for user in node.users:
+                if user.op == "call_function" and user.target in (operator.add, torch.add) and any(
+                        isinstance(a, torch.fx.Node) and a.op == "call_method" and a.target == "mean"
+                        for a in user.args):
+                    found.append((str(node.args[0].target), user.name))
+    return found
+
+
+@pytest.mark.parametrize("name,mode", list(_dynamic_cases()))
+def test_zoo_dynamic(name, mode):
+    from fusegraph.pipeline import has_symbolic_inputs
+
+    sites = dict(plain_capture(name)[0])
+    known, _ = KNOWN_UNFUSED.get(name, ({}, ""))
+    sites = {k: v - known.get(k, 0) for k, v in sites.items()}
+    model, kw1 = zoo.build(name)
+    kw2 = zoo.inputs(name, seed=1)
+    with torch.no_grad():
+        eagers = [model(**kw1), model(**kw2)]
+    backend = Backend(CompilationConfig(**ROUTES["aten"]))
+    symbolic, runtime_eps = [], set()
+
+    def compiler(gm, example_inputs):
+        symbolic.append(has_symbolic_inputs(gm, example_inputs))
+        runtime_eps.update(runtime_eps_norms(gm))  # a frame compiled again within the first call counts once
+        return backend(gm, example_inputs)
+
+    torch._dynamo.reset()
+    if mode == "mark" and not (mark_sequence_dims(kw1) and mark_sequence_dims(kw2)):
+        pytest.skip(f"{name} has no hidden_states of rank >= 3 to mark")
+    with torch.no_grad():
+        compiled = torch.compile(model, backend=compiler, dynamic=True if mode == "dynamic" else None)
+        outs = [compiled(**kw1)]
+        # one forward's graphs, as the counter counted them
+        matched = {k: backend.stats.patterns.get(k, 0) for k in FAMILIES}
+        eps_norms = len(runtime_eps)
+        outs.append(compiled(**kw2))
+    problems = []
+    for i, (out, eager) in enumerate(zip(outs, eagers)):
+        compare(f"call {i + 1}", out, eager, problems)
+    if not any(symbolic):
+        if mode == "mark":
+            pytest.skip(f"{name}: Dynamo specialized every marked dim (no graph with symbolic sizes)")
+        problems.append("dynamic=True compiled no graph with symbolic sizes")
+    if mode == "mark" or not eps_norms:
+        expected = dict(sites)
+        if matched != expected:
+            problems.append(f"fused sites differ from the static sites: "
+                            f"{ {k: (expected[k], matched[k]) for k in FAMILIES if expected[k] != matched[k]} }")
+    else:
+        for family in FAMILIES:
+            got, want = matched[family], sites[family]
+            if family == "rms_norm":
+                ok = got == want - eps_norms
+            elif family in RUNTIME_EPS_FAMILIES:
+                ok = got <= want
+            elif family == "mul_add":
+                ok = got >= want
+            else:
+                ok = got == want
+            if not ok:
+                problems.append(f"{family}: {got} fused, static sites {want}, norms with a run-time eps "
+                                f"{eps_norms}")
+    print(f"\n{name} [{mode}] sites {sites} fused {matched} run-time eps norms {eps_norms} "
+          f"symbolic graphs {sum(symbolic)}/{len(symbolic)}")
+    assert not problems, f"{name} [{mode}]:\n  " + "\n  ".join(problems)

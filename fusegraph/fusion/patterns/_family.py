@@ -57,8 +57,11 @@ class Form:
 
 def register_forms(pm, forms, *combination, trace_fn, check=None, scalars=None) -> None:
     """Registers ``forms`` (in order) for one ``combination`` of the family's loop into ``pm``: each form's
-    example-input lists, one ``register_replacement`` each (duplicates skipped)."""
+    example-input lists, one ``register_replacement`` each (duplicates skipped). A match with symbolic shapes is
+    re-checked by ``_trace.symbolic_recheck`` instead of the matcher's own re-check (see there)."""
     from ..._core.torch_pattern_matcher import register_replacement
+
+    from ._trace import on_symbolic, symbolic_recheck
 
     for form in forms:
         for inputs in form.examples(*combination):
@@ -70,7 +73,13 @@ def register_forms(pm, forms, *combination, trace_fn, check=None, scalars=None) 
             kwargs = {} if extra_check is None else {"extra_check": extra_check}
             if workaround is not None:
                 kwargs["scalar_workaround"] = dict(workaround)
+            before = {id(e) for entries in pm.patterns.values() for e in entries}
             register_replacement(form.search, form.replace, inputs, trace_fn, pm, skip_duplicates=True, **kwargs)
+            symbolic = symbolic_recheck(form.search, form.replace, inputs, trace_fn, extra_check)
+            for entries in pm.patterns.values():
+                for entry in entries:
+                    if id(entry) not in before:
+                        entry.extra_check = on_symbolic(entry.extra_check, symbolic)
 
 
 def _frozen(mapping) -> Mapping:

@@ -10,7 +10,7 @@ The constants are GELU's own (not user scalars), so they stay in the pattern.
 """
 import torch
 import torch.nn.functional as F
-from ..._core.torch_pattern_matcher import fwd_only
+from ._trace import fwd_only_canonical
 
 from . import _anchors
 from ._family import Candidate, Family, Form, overload, register_forms
@@ -61,7 +61,7 @@ FORMS = {
 def register(pm, opts) -> None:
     forms = FORMS["sigmoid" if opts.gelu_approximation == "sigmoid" else "tanh"]
     for dtype in _DTYPES:
-        register_forms(pm, forms, dtype, trace_fn=fwd_only)
+        register_forms(pm, forms, dtype, trace_fn=fwd_only_canonical)
 
 
 # ---- lowering, calibration, explain ------------------------------------------------------------------

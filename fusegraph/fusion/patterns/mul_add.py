@@ -14,7 +14,7 @@ import logging
 import numbers
 
 import torch
-from ..._core.torch_pattern_matcher import fwd_only
+from ._trace import fwd_only_canonical
 
 from . import _anchors
 from ._family import Candidate, Family, Form, overload, register_forms
@@ -142,7 +142,7 @@ def register(pm, opts) -> None:
         log.warning("fusegraph: mul_add patterns not registered: torch.ops.fusegraph.mul_add cannot be traced (%s)",
                     why)
         return
-    register_forms(pm, FORMS, trace_fn=fwd_only)
+    register_forms(pm, FORMS, trace_fn=fwd_only_canonical)
 
 
 # ---- lowering, calibration, explain ------------------------------------------------------------------

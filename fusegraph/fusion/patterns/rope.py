@@ -116,7 +116,7 @@ import torch
 from ..._core.torch_pattern_matcher import Match, PatternMatcherPass, register_replacement
 
 from ._prepare import depends_on, give_copies, prepare_before, split_shared_casts
-from ._trace import fwd_functional, fwd_functional_reshape
+from ._trace import fwd_functional, fwd_functional_reshape, on_symbolic, symbolic_recheck
 from . import _anchors
 from ._family import Candidate, Family, Form, overload
 from ._lowering import ROW, compute_dtype
@@ -851,10 +851,11 @@ def _register(pm: PatternMatcherPass, trace_fn, form: Form, example_inputs) -> N
     before = _entries(pm)
     register_replacement(form.search, form.replace, example_inputs, trace_fn=trace_fn, pass_dicts=pm,
                          extra_check=check, skip_duplicates=True)
+    symbolic = symbolic_recheck(form.search, form.replace, example_inputs, trace_fn)
     for entries in pm.patterns.values():
         for entry in entries:
             if id(entry) not in before:
-                entry.extra_check = functools.partial(_checked_first, check, entry.extra_check)
+                entry.extra_check = functools.partial(_checked_first, check, on_symbolic(entry.extra_check, symbolic))
 
 
 def _checked_first(check, retrace_and_check, match: Match) -> bool:
