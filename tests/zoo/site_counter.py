@@ -558,27 +558,12 @@ def weight_values(gm) -> set:
     return const
 
 
-def folded(gm) -> torch.fx.GraphModule:
-    """A copy of ``gm`` as freezing leaves it: repeated computations merged (CSE: Cosmos3's k_und_for_gen, which is
-    k_und when the model has no extra norm for it, gets the same RoPE as k_und, and the frozen graph computes that
-    RoPE once). Values computed from the parameters alone stay ops: freezing folds only views of a parameter, which
-    are no sites (DESIGN "Freezing holds no copy of a weight"), so BriaFibo2's RMSNorms of its learned latent
-    queries are sites on every route."""
-    from torch.fx.passes.dialect.common.cse_pass import CSEPass
-
-    merged = CSEPass()(gm).graph_module
-    merged.weight_inputs = getattr(gm, "weight_inputs", [])
-    return merged
-
-
-def count_sites(graphs, frozen: bool = False, by_norm=None) -> dict:
-    """Sites per family over ``graphs`` (from :func:`capture`); ``frozen``: in the graphs as freezing leaves them;
-    ``by_norm`` (a dict), when given, also counts the modulated norms by kind, ``"layer"`` and ``"rms"`` (a modulated
-    RMSNorm is an rms_norm site that the fused modulation computes: no rms_norm op of its own)."""
+def count_sites(graphs, by_norm=None) -> dict:
+    """Sites per family over ``graphs`` (from :func:`capture`); ``by_norm`` (a dict), when given, also counts the
+    modulated norms by kind, ``"layer"`` and ``"rms"`` (a modulated RMSNorm is an rms_norm site that the fused
+    modulation computes: no rms_norm op of its own)."""
     total = dict.fromkeys(FAMILIES, 0)
     for gm in graphs:
-        if frozen:
-            gm = folded(gm)
         graph, weights = gm.graph, weight_values(gm)
         for k, v in count_graph(graph, weights, by_norm).items():
             total[k] += v

@@ -9,10 +9,8 @@ no grad:
 - on the graph route, no call runs uncaptured (a capture that fails silently loses the route's point);
 - the fused ops in the graphs the backend hands on (``Backend.last_graph_ops`` of each Dynamo graph of the first
   call: ``fusegraph.rms_norm.default`` ...) equal, per op (``FUSED_OPS``: the three adaln families are one op), the
-  sites that the independent counter (tests/zoo/site_counter.py) finds in the graphs Dynamo hands over (on the
-  default route: in those graphs with repeated computations merged, as Inductor's CSE does before the fusion pass),
-  less the sites
-  ``KNOWN_UNFUSED`` lists with their reasons, less the sites the default route lowered back to Inductor's code
+  sites that the independent counter (tests/zoo/site_counter.py) finds in the graphs Dynamo hands over (no route
+  folds a parameter or merges repeated computations before it fuses), less the sites ``KNOWN_UNFUSED`` lists with their reasons, less the sites the default route lowered back to Inductor's code
   (``stats.lowered``), and for ``fusegraph.rms_norm`` less the modulated RMSNorms (the fused modulation,
   ``fusegraph.adaln(norm="rms")``, computes the norm); and the matched sites per family (``stats.patterns``) equal
   the sites less ``KNOWN_UNFUSED`` (the split of the adaln op into its three families);
@@ -85,16 +83,15 @@ def _cases():
 
 
 @functools.lru_cache(maxsize=None)
-def plain_capture(name: str) -> tuple[dict, dict, int, int, dict, dict]:
-    """(sites per family, the same in the graphs as freezing folds them, Dynamo graphs, graph breaks, the modulated
-    norms by kind, the same frozen) of one forward of the fp32 zoo model, unfused."""
+def plain_capture(name: str) -> tuple[dict, int, int, dict]:
+    """(sites per family, Dynamo graphs, graph breaks, the modulated norms by kind) of one forward of the fp32 zoo
+    model, unfused."""
     model, kwargs = zoo.build(name)
     counters.clear()
     graphs, _ = capture(model, **kwargs)
     breaks = sum(counters["graph_break"].values())
-    norms, frozen_norms = {}, {}
-    return (count_sites(graphs, by_norm=norms), count_sites(graphs, frozen=True, by_norm=frozen_norms), len(graphs),
-            breaks, norms, frozen_norms)
+    norms = {}
+    return count_sites(graphs, by_norm=norms), len(graphs), breaks, norms
 
 
 class Recording:
@@ -200,12 +197,9 @@ def test_zoo(name, route):
             torch.compile(model)(**kw)
         torch._dynamo.reset()
         pytest.xfail(f"plain Inductor cannot compile {name} on CPU: {INDUCTOR_CANNOT_COMPILE[name]}")
-    sites, frozen_sites, plain_graphs, plain_breaks, norms, frozen_norms = plain_capture(name)
-    # the default route's graphs have repeated computations merged before it fuses (frozen_sites: Inductor's
-    # aot_autograd CSE); the aten and graph routes fuse and run the graph as traced (no parameter is folded)
-    match_sites = frozen_sites if route == "default" else sites
-    if route == "default":
-        sites, norms = frozen_sites, frozen_norms
+    # every route fuses the graph as traced: no route folds a parameter, nothing merges the sites first
+    sites, plain_graphs, plain_breaks, norms = plain_capture(name)
+    match_sites = sites
     model, kw1 = zoo.build(name)
     kws = [kw1] + [zoo.inputs(name, seed=i) for i in range(1, MAX_CALLS)]
     with torch.no_grad():
