@@ -86,4 +86,4 @@ device-wheels: $(DEPS_STAMP)
 	  $(call pin,pathspec) $(call pin,packaging)
 
 clean:
-	rm -rf $(BUILD_DIR) dist fusegraph/_C*.so
+	rm -rf $(BUILD_DIR) dist fusegraph/_C*.so fusegraph/libfusegraph_ops.so

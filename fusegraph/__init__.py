@@ -3,14 +3,14 @@ compiled graphs from a device graph (CUDA graph, Ascend NPUGraph, or a C++ host 
 import torch  # noqa: F401  (loads libtorch before our extension)
 
 from . import _C  # noqa: F401  (registers torch.ops.fusegraph.*)
-from . import graph, ops
+from . import aot, graph, ops
 from .backend import Backend, fusegraph_backend
 from .config import CompilationConfig, FusionPatterns
 from .explain import ExplainReport, explain
 from .stats import Stats
 
 __version__ = "0.1.0"
-__all__ = ["ops", "graph", "Backend", "CompilationConfig", "FusionPatterns", "Stats", "explain", "ExplainReport",
+__all__ = ["aot", "ops", "graph", "Backend", "CompilationConfig", "FusionPatterns", "Stats", "explain", "ExplainReport",
            "__version__"]
 
 

@@ -22,7 +22,7 @@ LAYERS = (
     ("ops", ("fusegraph.ops",)),
     ("fusion", ("fusegraph.fusion", "fusegraph.config", "fusegraph.stats")),
     ("graph", ("fusegraph.graph",)),
-    ("compile", ("fusegraph.packing", "fusegraph.freezing", "fusegraph.pipeline", "fusegraph.backend")),
+    ("compile", ("fusegraph.packing", "fusegraph.freezing", "fusegraph.pipeline", "fusegraph.backend", "fusegraph.aot")),
     ("tools", ("fusegraph.explain", "fusegraph.zoo", "fusegraph.bench", "fusegraph.__main__", "fusegraph")),
 )
 ADAPTORS = "fusegraph._core.torch_"  # the modules allowed to name torch's private API

@@ -3,6 +3,7 @@
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
+#include "aot/package_check.h"
 #include "ops/autograd.h"
 #include "ops/cpu/isa_dispatch.h"
 #include "ops/output.h"
@@ -60,6 +61,11 @@ PYBIND11_MODULE(_C, m) {
     return false;
 #endif
   });
+  m.def("aot_package_problems", &fusegraph::aot::package_problems, py::arg("metadata"), py::arg("path"),
+        "Why this process cannot run an AOTInductor package made by fusegraph.aot.package, one reason per line "
+        "(csrc/aot/package_check.h); empty when it can.");
+  m.def("aot_check_inputs", &fusegraph::aot::check_inputs, py::arg("metadata"), py::arg("inputs"),
+        "Raises RuntimeError naming the input when the flat inputs do not fit the package's fusegraph.inputs.");
   fusegraph::set_autograd_hook(&autograd_hook);
   py::module_ graph = m.def_submodule("graph", "graph runtime: GraphCache, HostGraph, PyExecutable");
   fusegraph::python::bind_graph(graph);

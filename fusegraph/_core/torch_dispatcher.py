@@ -35,3 +35,9 @@ def is_opaque_value(value) -> bool:
     except ImportError:  # pragma: no cover - older torch
         return False
     return check(value)
+
+
+def cpu_capabilities() -> dict:
+    """cpuinfo's view of this CPU (``at::cpu::get_cpu_capabilities``): instruction-set names -> bool, cache sizes,
+    core counts, the CPU's name."""
+    return dict(torch._C._cpu._get_cpu_capability())

@@ -16,6 +16,9 @@ __getattr__ = module_getattr(__name__, {
     "remove_noop_ops": ("torch._inductor.fx_passes.post_grad", "remove_noop_ops"),
     "PyCodeCache": ("torch._inductor.codecache", "PyCodeCache"),
     "list_mode_options": ("torch._inductor", "list_mode_options"),
+    "aot_compile": ("torch._inductor", "aot_compile"),
+    "load_package": ("torch._inductor", "aoti_load_package"),
+    "package_pt2": ("torch.export.pt2_archive._package", "package_pt2"),
 })
 
 

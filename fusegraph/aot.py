@@ -1,0 +1,309 @@
+"""Fused AOTInductor packages: ``package`` compiles a model once into a ``.pt2`` file whose code calls fusegraph's
+fused ops; ``load`` runs it in any process, with no compile (a C++ program runs it too: examples/aot_runner).
+
+    package(model, args, kwargs, path, config, dynamic_shapes)
+        torch.export.export (non-strict)  ->  ExportedProgram          (or the caller's own)
+        AOTInductor (aot_compile), with fusegraph's fusion as Inductor's post-grad custom pass
+        (inductor_pass.FusionPass: the families and the per-site choice of the Inductor route)
+        -> the package: AOTInductor's files, plus metadata compiled into its .so (csrc/aot/package_check.h)
+           and the fusion's record (extra/fusegraph.json: counts, sites lowered, fallbacks, final ops)
+    load(path) -> AOTModel
+        checks the process can run it (torch, the CPU's instruction sets, the ops registered), then each call
+        checks its inputs against the exported ones and runs the package (AOTIModelPackageLoader.boxed_run).
+
+The passes reach AOTInductor as its post-grad custom pass rather than by rewriting the exported graph first:
+AOTInductor decomposes the exported program and runs its own joint-graph and post-grad passes before codegen, so
+a graph fused in advance would be traced again through those decompositions (the fused ops survive as extern
+calls, but the patterns' per-site choice needs the post-grad graph Inductor will lower, the one the JIT Inductor
+route chooses on). The same pass object on both routes gives the same fused sites by construction.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import zipfile
+from typing import Any, Optional, Union
+
+import torch
+
+from . import _C
+from ._core import torch_inductor
+from ._core.torch_dispatcher import OpOverload, cpu_capabilities, pytree
+from .config import CompilationConfig
+from .fusion import passes
+from .fusion.inductor_pass import FusionPass
+from .fusion.job import FusionJob
+from .fusion.patterns import PATTERN_NAMES
+from .stats import Stats
+
+_ASSERT_METADATA = torch.ops.aten._assert_tensor_metadata.default
+_ROPE = torch.ops.fusegraph.rope.default
+RECORD = "fusegraph.json"  # the fusion's record, in the package's extra/ folder
+WEIGHTS = ("embedded", "separate")
+
+
+def package(model: Union[torch.nn.Module, "torch.export.ExportedProgram"], args: tuple = (),
+            kwargs: Optional[dict] = None, path: Optional[str] = None, config=None, dynamic_shapes=None, *,
+            weights: str = "separate", stats: Optional[Stats] = None) -> str:
+    """Exports ``model`` (an ``nn.Module``, called as ``model(*args, **kwargs)``; or an ``ExportedProgram``, whose
+    example inputs are used), compiles it with AOTInductor and fusegraph's fusion, and writes the package to
+    ``path`` (a ``.pt2`` file); returns ``path``.
+
+    ``config``: a ``CompilationConfig``, a dict of its fields, or None (the defaults); its fusion settings and
+    ``inductor_options`` apply (``{"cpp.march": "x86-64-v3"}``: code for every AVX2 CPU rather than this one's).
+    ``dynamic_shapes``: ``torch.export``'s (``torch.export.Dim``). ``weights``: ``"separate"`` (default) keeps the
+    parameters beside the compiled code, in the package, where ``AOTModel.load_weights`` replaces them without a
+    compile; ``"embedded"`` compiles them into the .so. ``stats``: a ``Stats`` that receives the fusion's counts
+    (``Stats.patterns``, ``lowered``, ``fallbacks``)."""
+    cfg = _config(config)
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path).endswith(".pt2"):
+        raise ValueError(f"fusegraph.aot.package: path must be a file name ending in .pt2, got {path!r}")
+    if weights not in WEIGHTS:
+        raise ValueError(f"fusegraph.aot.package: weights must be one of {WEIGHTS}, got {weights!r}")
+    path = os.fspath(path)
+    ep = _export(model, args, kwargs, dynamic_shapes)
+    flat_args, flat_kwargs = ep.example_inputs
+    device = _device(ep)
+
+    job = FusionJob(cfg, 0, log_dir=passes.prepare_log_dir(cfg.graph_log_url), label="fusegraph.aot")
+    for reason in _unused_settings(cfg):
+        job.note_fallback(reason)
+    fusion_pass = FusionPass(cfg, job)
+    metadata = {"fusegraph.torch": ".".join(torch.__version__.split("+")[0].split(".")[:2]),
+                "fusegraph.device": device.type,
+                "fusegraph.cpu_flags": ",".join(_cpu_flags()) if device.type == "cpu" else "",
+                "fusegraph.inputs": _inputs_spec(ep),
+                "fusegraph.ops": ""}  # filled by the pass, before codegen reads the metadata (_OpsRecorder)
+    options = {**cfg.inductor_options,
+               "post_grad_custom_pre_pass": _OpsRecorder(fusion_pass, metadata),
+               # the pass must run to count and record its sites: no FX graph cache serving a package build
+               "fx_graph_cache": False,
+               "aot_inductor.package": True,
+               "aot_inductor.metadata": metadata,
+               "aot_inductor.package_constants_in_so": weights == "embedded"}
+    if weights == "separate":
+        options["aot_inductor.package_constants_on_disk_format"] = "binary_blob"
+    with torch.no_grad():
+        files = torch_inductor.aot_compile(ep.module(), flat_args, flat_kwargs, options=options)
+    if not job.pass_ran:
+        raise RuntimeError("fusegraph.aot.package: AOTInductor compiled the model without running fusegraph's "
+                           "fusion pass (its FX graph cache served it?); nothing was fused")
+    record = {"counts": job.counts, "lowered": job.lowered, "fallbacks": job.pass_fallbacks + job.tally.fallbacks,
+              "ops": dict(job.ops), "device": device.type, "weights": weights, "metadata": metadata}
+    tmp = f"{path[:-4]}.{os.getpid()}.tmp.pt2"
+    torch_inductor.package_pt2(tmp, aoti_files=files, extra_files={RECORD: json.dumps(record, sort_keys=True)})
+    os.replace(tmp, path)
+    if stats is not None:
+        stats.absorb(job.tally)
+    return path
+
+
+class AOTModel:
+    """A loaded package: call it as the model was called (``args``/``kwargs`` of the same structure; tensors of
+    the exported dtypes, devices and shapes, a dynamic dim within its range)."""
+
+    def __init__(self, path: str, loaded, record: dict):
+        self.path = path
+        self._loaded = loaded
+        self.record = record  # the fusion's record: counts, lowered, fallbacks, ops, weights, metadata
+        self.metadata = loaded.get_metadata()
+        spec = loaded.loader.get_call_spec()
+        self._in_spec = pytree.treespec_loads(spec[0])
+        self._out_spec = pytree.treespec_loads(spec[1])
+
+    @property
+    def counts(self) -> dict:
+        """Sites fused per family, as the package's fusion pass counted them."""
+        return {name: (self.record.get("counts") or {}).get(name, 0) for name in PATTERN_NAMES}
+
+    def __call__(self, *args, **kwargs):
+        flat = self.flat_inputs(args, kwargs)
+        return pytree.tree_unflatten(self._loaded.loader.boxed_run(flat), self._out_spec)
+
+    def flat_inputs(self, args: tuple, kwargs: dict) -> list:
+        """The call's tensors in the package's order, checked against the exported inputs."""
+        try:
+            leaves, spec = pytree.tree_flatten((args, _reorder(kwargs, self._in_spec)))
+        except KeyError as e:
+            raise TypeError(f"fusegraph.aot: {self.path} takes the keyword arguments "
+                            f"{_kwarg_names(self._in_spec)}; got {sorted(kwargs)}: missing {e}") from None
+        if spec != self._in_spec:
+            raise TypeError(f"fusegraph.aot: {self.path} was exported for arguments structured as\n  "
+                            f"{self._in_spec}\ngot\n  {spec}")
+        flat = [x for x in leaves if isinstance(x, torch.Tensor)]
+        _C.aot_check_inputs(self.metadata, flat)
+        return flat
+
+    def weight_names(self) -> list:
+        """The names of the weights the package holds (the model's ``state_dict`` names)."""
+        return list(self._loaded.get_constant_fqns())
+
+    def load_weights(self, state_dict: dict, *, strict: bool = True) -> None:
+        """Replaces the package's weights by ``state_dict``'s (same names, shapes and dtypes; copied): a LoRA-merged
+        state dict, a fine-tune. ``strict``: every weight of the package must be given."""
+        names = set(self.weight_names())
+        unknown = sorted(set(state_dict) - names)
+        if unknown:
+            raise KeyError(f"fusegraph.aot: {self.path} has no weights named {unknown[:5]}"
+                           f"{' ...' if len(unknown) > 5 else ''}")
+        missing = sorted(names - set(state_dict))
+        if strict and missing:
+            raise KeyError(f"fusegraph.aot: load_weights(strict=True) needs every weight; missing {missing[:5]}"
+                           f"{' ...' if len(missing) > 5 else ''}")
+        self._loaded.load_constants({k: v.detach() for k, v in state_dict.items()}, check_full_update=False)
+
+
+def load(path: str) -> AOTModel:
+    """Loads a package made by ``package`` and checks this process can run it: the torch it was compiled with, the
+    CPU's instruction sets (Inductor's code is compiled for the packaging machine's), the fused ops registered. Any
+    problem is a RuntimeError naming it; nothing runs."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"fusegraph.aot.load: no package at {path!r}")
+    if not zipfile.is_zipfile(path):
+        raise RuntimeError(f"fusegraph.aot.load: {path!r} is not a .pt2 package (not a zip archive)")
+    record = _read_record(path)
+    metadata = record.get("metadata") or {}
+    problems = _C.aot_package_problems({str(k): str(v) for k, v in metadata.items()}, path)
+    if problems:  # before loading the .so: its code may not run on this CPU
+        raise RuntimeError("fusegraph.aot.load: cannot run this package here:\n  " +
+                           problems.strip().replace("\n", "\n  "))
+    loaded = torch_inductor.load_package(path)
+    return AOTModel(path, loaded, record)
+
+
+# ---- helpers -------------------------------------------------------------------------------------------------------
+
+class _OpsRecorder:
+    """The fusion pass, recording which fusegraph ops the final graph calls into the package's metadata (read by
+    AOTInductor's codegen after the post-grad passes)."""
+
+    def __init__(self, fusion_pass: FusionPass, metadata: dict):
+        self.fusion_pass = fusion_pass
+        self.metadata = metadata
+
+    def __call__(self, graph: torch.fx.Graph, is_inference: bool = True) -> None:
+        # torch.export keeps a dtype/device assert per .to()/.float() of the source (aten._assert_tensor_metadata):
+        # facts of the exported graph, checked at export, and one more user of a value inside every pattern that
+        # converts (RoPE's x.float()), which would refuse the match. Inductor drops them when it lowers anyway.
+        for node in list(graph.nodes):
+            if node.op == "call_function" and node.target is _ASSERT_METADATA and not node.users:
+                graph.erase_node(node)
+        self.fusion_pass(graph, is_inference)
+        # AOTInductor's proxy-executor call spells a bool given to a Scalar argument (the schema's default too) as Python's `True` in C++ (a
+        # compile error); rope's `interleaved` takes the ints 1/0 for the same meaning (csrc/ops/rope.cpp).
+        for node in graph.nodes:
+            if node.op == "call_function" and node.target is _ROPE:
+                node.kwargs = {**node.kwargs, "interleaved": int(node.kwargs.get("interleaved", True))}
+        ops = sorted({f"{n.target.namespace}::{n.target._opname}.{n.target._overloadname}" for n in graph.nodes
+                      if n.op == "call_function" and isinstance(n.target, OpOverload)
+                      and n.target.namespace == "fusegraph"})
+        self.metadata["fusegraph.ops"] = ",".join(ops)
+        # AOTInductor compiles the metadata it holds in its (patched, copied) config into the .so at codegen
+        torch_inductor.config.aot_inductor.metadata["fusegraph.ops"] = ",".join(ops)
+
+    def uuid(self):
+        return None  # never cached (package sets fx_graph_cache=False)
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+def _config(config) -> CompilationConfig:
+    if config is None:
+        return CompilationConfig()
+    if isinstance(config, dict):
+        return CompilationConfig(**config)
+    if isinstance(config, CompilationConfig):
+        return copy.deepcopy(config)
+    raise TypeError(f"fusegraph.aot.package: config must be a CompilationConfig, a dict of its fields or None, "
+                    f"got {type(config).__name__}")
+
+
+def _unused_settings(cfg: CompilationConfig) -> list:
+    reasons = []
+    if cfg.graph_with_compile or cfg.graph_only:
+        reasons.append("graph route requested: a package runs AOTInductor's code without a device graph")
+    if not cfg.inductor:
+        reasons.append("inductor=False: a package is AOTInductor's code; the fusion and the per-site choice are "
+                       "the Inductor route's")
+    return reasons
+
+
+def _export(model, args, kwargs, dynamic_shapes):
+    if isinstance(model, torch.export.ExportedProgram):
+        if args or kwargs or dynamic_shapes is not None:
+            raise ValueError("fusegraph.aot.package: an ExportedProgram carries its own example inputs and dynamic "
+                             "shapes; pass no args, kwargs or dynamic_shapes with it")
+        if model.example_inputs is None:
+            raise ValueError("fusegraph.aot.package: the ExportedProgram has no example_inputs")
+        return model
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"fusegraph.aot.package: model must be an nn.Module or a torch.export.ExportedProgram, got "
+                        f"{type(model).__name__}")
+    if not isinstance(args, tuple):
+        raise TypeError(f"fusegraph.aot.package: args must be a tuple, got {type(args).__name__}")
+    with torch.no_grad():
+        return torch.export.export(model, args, kwargs or {}, dynamic_shapes=dynamic_shapes, strict=False)
+
+
+def _device(ep) -> torch.device:
+    devices = {t.device for t in pytree.tree_leaves(ep.example_inputs) if isinstance(t, torch.Tensor)}
+    devices |= {t.device for t in ep.state_dict.values() if isinstance(t, torch.Tensor)}
+    if len(devices) != 1:
+        raise ValueError(f"fusegraph.aot.package: the model and its inputs must be on one device, found "
+                         f"{sorted(str(d) for d in devices) or 'none'}")
+    return devices.pop()
+
+
+def _cpu_flags() -> list:
+    """This CPU's instruction sets, as cpuinfo names them (``at::cpu::get_cpu_capabilities``): what code compiled
+    for this CPU may use."""
+    caps = cpu_capabilities()
+    return sorted(k for k, v in caps.items() if v is True)
+
+
+def _inputs_spec(ep) -> str:
+    """fusegraph.inputs (csrc/aot/package_check.h): name|dtype|device|dims for each tensor input, in order."""
+    ranges = ep.range_constraints
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    entries = []
+    for name in ep.graph_signature.user_inputs:
+        if not isinstance(name, str) or name not in placeholders:
+            continue  # a constant input (return_dict=False): not a tensor the package takes
+        val = placeholders[name].meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            continue
+        dims = []
+        for size in val.shape:
+            if isinstance(size, int):
+                dims.append(str(size))
+                continue
+            vr = ranges.get(size.node.expr)
+            lo = int(vr.lower) if vr is not None else 0
+            hi = "inf" if vr is None or vr.upper.is_infinite else str(int(vr.upper))
+            dims.append(f"{lo}:{hi}")
+        entries.append(f"{name}|{str(val.dtype).replace('torch.', '')}|{val.device.type}|{','.join(dims)}")
+    return ";".join(entries)
+
+
+def _reorder(kwargs: dict, in_spec) -> dict:
+    """kwargs in the order of the exported call (pytree flattens dicts in insertion order)."""
+    if not kwargs:
+        return {}
+    names = _kwarg_names(in_spec)
+    return {k: kwargs[k] for k in names}
+
+
+def _kwarg_names(in_spec) -> list:
+    return list(in_spec.child(1).context) if in_spec.num_children > 1 else []
+
+
+def _read_record(path: str) -> dict:
+    with zipfile.ZipFile(path) as z:
+        names = [n for n in z.namelist() if n.endswith("/extra/" + RECORD) or n == "extra/" + RECORD]
+        if not names:
+            raise RuntimeError(f"fusegraph.aot.load: {path!r} was not made by fusegraph.aot.package (no "
+                               f"extra/{RECORD}); load it with torch._inductor.aoti_load_package")
+        return json.loads(z.read(names[0]))
