@@ -22,6 +22,8 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
+import tempfile
 import zipfile
 from typing import Any, Optional, Union
 
@@ -81,7 +83,10 @@ def package(model: Union[torch.nn.Module, "torch.export.ExportedProgram"], args:
                "fx_graph_cache": False,
                "aot_inductor.package": True,
                "aot_inductor.metadata": metadata,
-               "aot_inductor.package_constants_in_so": weights == "embedded"}
+               "aot_inductor.package_constants_in_so": weights == "embedded",
+               # every weight a constant the package can replace: Inductor otherwise compiles a 0-d or <= 8-element
+               # parameter (a final projection's bias) into the code as literals, which load_weights cannot reach
+               "always_keep_tensor_constants": True}
     if weights == "separate":
         options["aot_inductor.package_constants_on_disk_format"] = "binary_blob"
     with torch.no_grad():
@@ -91,9 +96,15 @@ def package(model: Union[torch.nn.Module, "torch.export.ExportedProgram"], args:
                            "fusion pass (its FX graph cache served it?); nothing was fused")
     record = {"counts": job.counts, "lowered": job.lowered, "fallbacks": job.pass_fallbacks + job.tally.fallbacks,
               "ops": dict(job.ops), "device": device.type, "weights": weights, "metadata": metadata}
-    tmp = f"{path[:-4]}.{os.getpid()}.tmp.pt2"
-    torch_inductor.package_pt2(tmp, aoti_files=files, extra_files={RECORD: json.dumps(record, sort_keys=True)})
-    os.replace(tmp, path)
+    # written whole under its own name (the archive's folder is named after the file) in a fresh folder beside it,
+    # then moved into place: a reader never sees a half-written package
+    folder = tempfile.mkdtemp(prefix=".fusegraph-aot-", dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        tmp = os.path.join(folder, os.path.basename(path))
+        torch_inductor.package_pt2(tmp, aoti_files=files, extra_files={RECORD: json.dumps(record, sort_keys=True)})
+        os.replace(tmp, path)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
     if stats is not None:
         stats.absorb(job.tally)
     return path
@@ -123,6 +134,10 @@ class AOTModel:
 
     def flat_inputs(self, args: tuple, kwargs: dict) -> list:
         """The call's tensors in the package's order, checked against the exported inputs."""
+        extra = sorted(set(kwargs) - set(_kwarg_names(self._in_spec)))
+        if extra:
+            raise TypeError(f"fusegraph.aot: {self.path} was exported without the keyword arguments {extra}; it takes "
+                            f"{_kwarg_names(self._in_spec)}")
         try:
             leaves, spec = pytree.tree_flatten((args, _reorder(kwargs, self._in_spec)))
         except KeyError as e:
