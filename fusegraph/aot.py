@@ -150,6 +150,13 @@ class AOTModel:
         _C.aot_check_inputs(self.metadata, flat)
         return flat
 
+    def serve(self, module: torch.nn.Module) -> torch.nn.Module:
+        """Makes ``module`` (the model the package was made from, or one like it) run its forward from the package:
+        its attributes (a diffusers model's ``config``, ``dtype``, ``cache_context``) stay, so a pipeline keeps
+        working as ``pipe.transformer``; its own parameters are no longer read. Returns ``module``."""
+        module.forward = self
+        return module
+
     def weight_names(self) -> list:
         """The names of the weights the package holds (the model's ``state_dict`` names)."""
         return list(self._loaded.get_constant_fqns())
