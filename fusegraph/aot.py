@@ -114,12 +114,12 @@ class AOTModel:
     """A loaded package: call it as the model was called (``args``/``kwargs`` of the same structure; tensors of
     the exported dtypes, devices and shapes, a dynamic dim within its range)."""
 
-    def __init__(self, path: str, loaded, record: dict):
+    def __init__(self, path: str, loader, record: dict):
         self.path = path
-        self._loaded = loaded
+        self._loader = loader  # torch's AOTIModelPackageLoader (C++), as a C++ program would hold it
         self.record = record  # the fusion's record: counts, lowered, fallbacks, ops, weights, metadata
-        self.metadata = loaded.get_metadata()
-        spec = loaded.loader.get_call_spec()
+        self.metadata = loader.get_metadata()
+        spec = loader.get_call_spec()
         self._in_spec = pytree.treespec_loads(spec[0])
         self._out_spec = pytree.treespec_loads(spec[1])
 
@@ -130,7 +130,7 @@ class AOTModel:
 
     def __call__(self, *args, **kwargs):
         flat = self.flat_inputs(args, kwargs)
-        return pytree.tree_unflatten(self._loaded.loader.boxed_run(flat), self._out_spec)
+        return pytree.tree_unflatten(self._loader.boxed_run(flat), self._out_spec)
 
     def flat_inputs(self, args: tuple, kwargs: dict) -> list:
         """The call's tensors in the package's order, checked against the exported inputs."""
@@ -159,7 +159,7 @@ class AOTModel:
 
     def weight_names(self) -> list:
         """The names of the weights the package holds (the model's ``state_dict`` names)."""
-        return list(self._loaded.get_constant_fqns())
+        return list(self._loader.get_constant_fqns())
 
     def load_weights(self, state_dict: dict, *, strict: bool = True) -> None:
         """Replaces the package's weights by ``state_dict``'s (same names, shapes and dtypes; copied): a LoRA-merged
@@ -173,7 +173,8 @@ class AOTModel:
         if strict and missing:
             raise KeyError(f"fusegraph.aot: load_weights(strict=True) needs every weight; missing {missing[:5]}"
                            f"{' ...' if len(missing) > 5 else ''}")
-        self._loaded.load_constants({k: v.detach() for k, v in state_dict.items()}, check_full_update=False)
+        # (constants, use_inactive, check_full_update, user_managed, allow_h2d_copy): copied into the active set
+        self._loader.load_constants({k: v.detach() for k, v in state_dict.items()}, False, False, False, False)
 
 
 def load(path: str) -> AOTModel:
@@ -191,8 +192,10 @@ def load(path: str) -> AOTModel:
     if problems:  # before loading the .so: its code may not run on this CPU
         raise RuntimeError("fusegraph.aot.load: cannot run this package here:\n  " +
                            problems.strip().replace("\n", "\n  "))
-    loaded = torch_inductor.load_package(path)
-    return AOTModel(path, loaded, record)
+    # torch's C++ loader directly: torch._inductor.aoti_load_package also probes the CPU's vector ISA by compiling
+    # test programs (1-8 s in a fresh process) for a warning this check has already made exact
+    loader = torch_inductor.AOTIModelPackageLoader(path, "model", False, 1, -1)
+    return AOTModel(path, loader, record)
 
 
 # ---- helpers -------------------------------------------------------------------------------------------------------

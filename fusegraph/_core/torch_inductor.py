@@ -17,7 +17,9 @@ __getattr__ = module_getattr(__name__, {
     "PyCodeCache": ("torch._inductor.codecache", "PyCodeCache"),
     "list_mode_options": ("torch._inductor", "list_mode_options"),
     "aot_compile": ("torch._inductor", "aot_compile"),
+    "aoti_compile_and_package": ("torch._inductor", "aoti_compile_and_package"),
     "load_package": ("torch._inductor", "aoti_load_package"),
+    "AOTIModelPackageLoader": ("torch._C._aoti", "AOTIModelPackageLoader"),
     "package_pt2": ("torch.export.pt2_archive._package", "package_pt2"),
 })
 
