@@ -113,8 +113,8 @@ if [ -n "$WHEEL" ]; then
   WHEEL_SITE="$(mktemp -d)"
   step wheel_install 60 "$PY" -m pip install --no-deps --no-index --target "$WHEEL_SITE" "$WHEEL"
   step wheel_smoke 150 env PYTHONPATH="$WHEEL_SITE" "$PY" scripts/packaging/smoke.py "$PWD" --cuda
-  rm -f fusegraph/_C*.so
-  cp "$WHEEL_SITE"/fusegraph/_C*.so fusegraph/ || WHEEL=""
+  rm -f fusegraph/_C*.so fusegraph/libfusegraph_ops.so
+  cp "$WHEEL_SITE"/fusegraph/_C*.so "$WHEEL_SITE"/fusegraph/libfusegraph_ops.so fusegraph/ || WHEEL=""
 fi
 
 # ---- build (without a wheel) ----
@@ -157,6 +157,8 @@ step cuda_tests 150 "$PY" -m pytest tests/ops/test_cuda_ops.py -q -p no:cachepro
 # Graph runtime on CUDA: CUDA-graph driver tests (and the host-graph/NPU stand-in tests, on this torch).
 step graph_tests 120 "$PY" -m pytest tests/graph -q -p no:cacheprovider -rs
 step bench_decode 90 "$PY" -m fusegraph bench decode --device cuda --dtype bfloat16
+# Fused AOTInductor packages made and run on CUDA (GUIDE §2.8): correctness, build/load time, steady speed.
+step aot_cuda 150 "$PY" scripts/aot_device_check.py --device cuda "$OUT/aot_cuda.json"
 step op_tests 120 "$PY" -m pytest tests/ops -q -p no:cacheprovider --ignore=tests/ops/test_cuda_ops.py -rs
 
 # ---- quick kernel timing (independent of the bench CLI): fused op vs eager vs a copy of the same bytes ----

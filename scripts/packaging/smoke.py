@@ -50,6 +50,8 @@ package = Path(fusegraph.__file__).resolve().parent
 assert repo not in package.parents, f"fusegraph imported from the checkout: {package}"
 assert Path(fusegraph._C.__file__).parent == package, fusegraph._C.__file__
 assert (package / "_C.pyi").is_file() and (package / "fusion" / "cost_cpu.json").is_file()
+# the ops library _C binds (C++ programs link it to run fused AOT packages), installed beside _C
+assert (package / "libfusegraph_ops.so").is_file(), sorted(p.name for p in package.iterdir())
 assert not (package.parent / "tests").exists(), "tests installed into site-packages"
 torch_req = [r for r in requires("fusegraph") if r.startswith("torch")]
 major_minor = ".".join(torch.__version__.split("+")[0].split(".")[:2])
