@@ -11,7 +11,7 @@ JOBS ?= 2
 PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -n $(JOBS)
 DEPS_STAMP := $(VENV)/.fusegraph-deps
 
-.PHONY: all demo test test-zoo test-pipelines build venv system-deps cpp-test pytest bench wheel wheel-check device-wheels clean
+.PHONY: all demo test test-full test-zoo test-pipelines build venv system-deps cpp-test pytest bench wheel wheel-check device-wheels clean
 
 all: build
 
@@ -55,6 +55,10 @@ pytest: build
 # wheel-check before pytest: pytest's summary stays the last line.
 test: cpp-test wheel-check
 	$(PYTEST) tests
+
+# Every tier: the cases `make test` leaves to it (marker `full`), the full zoo and every pipeline on every route.
+test-full: build
+	FUSEGRAPH_TESTS=full FUSEGRAPH_ZOO=full FUSEGRAPH_PIPELINES=full $(PYTEST) tests
 
 # The full model zoo (tests/zoo): every diffusers transformer class on every route; `make test` runs its fast tier.
 test-zoo: build

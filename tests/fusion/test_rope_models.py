@@ -28,7 +28,9 @@ TOL = dict(rtol=1e-4, atol=1e-4)
 ATEN = dict(inductor=False)
 DEFAULT = {}  # Backend(CompilationConfig()): inductor=True, no freezing
 FROZEN = dict(enable_freezing=True)  # inductor=True, freezing (its CSE runs before the fusion)
-ROUTES = [pytest.param(ATEN, id="aten"), pytest.param(DEFAULT, id="default"), pytest.param(FROZEN, id="frozen")]
+# the opt-in frozen route repeats the default route's check with Inductor's freezing CSE first: full tier
+ROUTES = [pytest.param(ATEN, id="aten"), pytest.param(DEFAULT, id="default"),
+          pytest.param(FROZEN, id="frozen", marks=pytest.mark.full)]
 
 
 def count(model, cls):
@@ -109,9 +111,10 @@ def test_ltx():
     check(model, inputs, 2 * count(model, LTXVideoTransformerBlock))
 
 
-@pytest.mark.parametrize("rope_type,route", [("interleaved", ATEN), ("split", ATEN), ("split", DEFAULT),
-                                             ("split", FROZEN)],
-                         ids=["interleaved-aten", "split-aten", "split-default", "split-frozen"])
+@pytest.mark.parametrize("rope_type,route", [pytest.param("interleaved", ATEN, id="interleaved-aten"),
+                                             pytest.param("split", ATEN, id="split-aten"),
+                                             pytest.param("split", DEFAULT, id="split-default"),
+                                             pytest.param("split", FROZEN, id="split-frozen", marks=pytest.mark.full)])
 def test_ltx2(rope_type, route):
     """LTX2AudioVideoAttnProcessor, per block: q and k of the video and audio self-attentions (attn1,
     audio_attn1) and of the audio-to-video and video-to-audio cross-attentions (8); attn2 / audio_attn2 (text)
