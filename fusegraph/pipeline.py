@@ -30,7 +30,7 @@ from . import freezing
 from ._core import torch_dispatcher
 from ._core.torch_dispatcher import pytree
 from ._core.torch_dynamo import capture_lock, fx_tracing_window
-from .fusion import passes
+from .fusion import passes, scalar_alpha
 from .fusion.inductor_pass import FusionPass
 from .fusion.job import FusionJob
 from .graph import compile_graph_route, device_graph_available
@@ -76,6 +76,9 @@ def compile_graph(config, stats, gm, example_inputs, *, graph_id: int, count: bo
     Under Dynamo's compile lock (a frozen graph's unfrozen compile runs outside Dynamo), with other threads' compiled
     calls running on while aot_autograd and the pattern matcher trace (fx_tracing_window)."""
     with capture_lock(), fx_tracing_window("compile"):
+        kept = scalar_alpha.keep_alpha(gm)  # before aot_autograd, which would drop them (scalar_alpha.py)
+        if kept:
+            log.info("fusegraph: graph %d: %d add/sub alpha(s) of a symbolic float moved into a mul", graph_id, kept)
         route, why = select_route(config, example_inputs)
         params, not_frozen = {}, None
         if may_freeze:
