@@ -40,6 +40,7 @@ import torch.fx
 from ._core.torch_dispatcher import OpOverload
 from .fusion import FAMILY_NAMES, choice, passes
 from .fusion.patterns import BY_NAME, FAMILIES, NoSite
+from .fusion.patterns import _anchors
 from .fusion.patterns._anchors import TORCH_DIR as _TORCH_DIR
 from .fusion.patterns._anchors import frames as _frames
 from .fusion.patterns._anchors import nearby as _nearby
@@ -375,6 +376,9 @@ def _reason(family: str, anchor: torch.fx.Node, pm) -> str:
     was refused says by what. Otherwise the form that matched the most ops and got as far as the anchor (or
     was stopped by an op of the site shared with other code) says where it failed. Otherwise no registered
     form ends there."""
+    if any(c.modulates_rms for c in BY_NAME[family].candidates) and _anchors.runtime_eps_rms_norm(anchor):
+        return (f"the RMSNorm it modulates is unfused (its rms_norm row): its eps is read at run time, a 0-d tensor "
+                f"input under dynamic=True, and the fused {family} op takes eps as a number fixed at compile time")
     nearby = _nearby(anchor)
     site = nearby + [a for a in anchor.all_input_nodes if a.op == "call_function"]
     best = None  # (score, node, entry, failed, blocker)
@@ -433,7 +437,7 @@ class _Observer:
         self.graph_index = graph_index
         self.snapshot: Optional[dict] = None
         self.fused: dict = {}  # fused node -> Site
-        self.reasons: dict = {}  # candidate node -> reason (from the first time its family's pass saw it)
+        self.reasons: dict = {}  # (family, candidate node) -> reason (from the first time its family's pass saw it)
         self.sites: list = []
         self.ran: set = set()  # families whose pass ran on this graph (verify_inputs may leave some off)
 
@@ -468,8 +472,8 @@ class _Observer:
         pm = passes.pattern_pass(family, self.opts)
         with _explicit_rms_calls(graph):
             for fam, node, _ in _candidates(graph, (family,)):
-                if node not in self.reasons:
-                    self.reasons[node] = _reason(fam, node, pm)
+                if (fam, node) not in self.reasons:  # one node can be two families' candidate (a run-time eps norm)
+                    self.reasons[fam, node] = _reason(fam, node, pm)
 
     def _finish(self, graph: torch.fx.Graph) -> None:
         nodes = set(graph.nodes)
@@ -482,7 +486,8 @@ class _Observer:
             # where MKL's sgemm is the faster kernel) has no candidates: nothing to fuse is missed.
             candidates = _candidates(graph, [f for f in FAMILY_NAMES
                                              if f in self.enabled or not getattr(self.opts, BY_NAME[f].switch)])
-            reasons = {node: self.reasons.get(node) or _reason(family, node, passes.pattern_pass(family, self.opts))
+            reasons = {(family, node): self.reasons.get((family, node)) or
+                       _reason(family, node, passes.pattern_pass(family, self.opts))
                        for family, node, _ in candidates
                        if family in self.enabled and family in self.ran}
         for family, node, label in candidates:
@@ -491,7 +496,7 @@ class _Observer:
             elif family not in self.ran:
                 reason = f"the {family} family did not run on this graph (left off by verification)"
             else:
-                reason = reasons[node]
+                reason = reasons[family, node]
             status = "no site" if isinstance(reason, NoSite) else "unfused"
             site = _place(Site(family, status, label, reason=str(reason), graph=self.graph_index), _node_frames(node))
             site.lines = [f"{site.file}:{site.line}"] if site.file else []

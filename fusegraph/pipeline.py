@@ -271,15 +271,54 @@ def _cpp_wrapper_fits(gm, example_inputs) -> bool:
 
 
 def _output_layouts(gm: torch.fx.GraphModule) -> list:
-    """(index, shape, strides) of each tensor output of an aot graph, from its trace."""
+    """(index, shape, strides) of each tensor output of an aot graph, from its trace. Under symbolic shapes the
+    sizes are not known before the call: an output whose traced strides are dense in some memory order (each the
+    product of the sizes of the dims inside it, as eager's ops lay out what they allocate) is recorded as
+    (index, None, order), the dims innermost first, and its strides are computed from its size at each call
+    (:func:`_dense_strides`); an output with symbolic strides of any other form is left as it comes."""
     outputs = gm.graph.output_node().args[0]
     layouts = []
     for i, node in enumerate(outputs if isinstance(outputs, (list, tuple)) else [outputs]):
         val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-        if isinstance(val, torch.Tensor) and not isinstance(val, torch.SymInt) and \
-                all(isinstance(d, int) for d in (*val.shape, *val.stride())):
+        if not isinstance(val, torch.Tensor):
+            continue
+        if all(isinstance(d, int) for d in (*val.shape, *val.stride())):
             layouts.append((i, tuple(val.shape), tuple(val.stride())))
+        else:
+            order = _dense_order(tuple(val.shape), tuple(val.stride()))
+            if order is not None:
+                layouts.append((i, None, order))
     return layouts
+
+
+def _dense_order(shape, stride):
+    """The dims of a tensor innermost first when its (symbolic) strides are provably those of a dense tensor laid
+    out in that order — each stride the product of the sizes of the dims before it in the order — else None.
+    The order comes from the strides' hints (ties: the size-1 dim first, as TensorIterator orders them); the
+    strides are then checked symbolically, so the order only has to be found, not trusted."""
+    from torch.fx.experimental.symbolic_shapes import optimization_hint, statically_known_true
+
+    try:
+        hints = [(optimization_hint(st), optimization_hint(sz)) for st, sz in zip(stride, shape)]
+    except Exception:  # an unbacked size or stride without a hint
+        return None
+    order = tuple(sorted(range(len(shape)), key=lambda d: hints[d]))
+    running = 1
+    for d in order:
+        if not statically_known_true(stride[d] == running):
+            return None
+        running = running * shape[d]
+    return order
+
+
+def _dense_strides(shape, order) -> tuple:
+    """The strides of a dense tensor of ``shape`` laid out in ``order`` (dims innermost first)."""
+    stride = [0] * len(shape)
+    running = 1
+    for d in order:
+        stride[d] = running
+        running *= shape[d]
+    return tuple(stride)
 
 
 def _restride(t: torch.Tensor, shape, stride) -> torch.Tensor:
@@ -299,8 +338,11 @@ def _with_traced_strides(boxed, layouts):
     CPU weight packing makes convolutions return channels-last tensors (Inductor's codegen restores output
     strides; an aten graph run by FX or captured does not). Dynamo guards the strides of every tensor a later
     frame receives, so a block whose output strides changed made Dynamo recompile the next block (HunyuanVideo
-    1.5), and aot_autograd regenerates outputs that are views of an output from the traced strides. One stride
-    compare per output per call; a copy only where the memory order really differs."""
+    1.5), and aot_autograd regenerates outputs that are views of an output from the traced strides. Under
+    symbolic shapes the strides of a dense output are computed from its size and traced memory order at each call
+    (``(index, None, order)``, :func:`_output_layouts`): without that, under ``mark_dynamic`` or ``dynamic=True``
+    HunyuanVideo 1.5's second block was compiled again within the first call. One stride compare per output per
+    call; a copy only where the memory order really differs."""
     if not layouts:
         return boxed
 
@@ -309,7 +351,12 @@ def _with_traced_strides(boxed, layouts):
         fixed = None
         for i, shape, stride in layouts:
             t = outs[i]
-            if isinstance(t, torch.Tensor) and t.stride() != stride:
+            if not isinstance(t, torch.Tensor):
+                continue
+            if shape is None:  # symbolic sizes: the dense strides of the traced order at this call's sizes
+                shape = tuple(t.shape)
+                stride = _dense_strides(shape, stride)
+            if t.stride() != stride:
                 if fixed is None:
                     fixed = list(outs)
                 fixed[i] = _restride(t, shape, stride)

@@ -388,8 +388,28 @@ def test_outputs_keep_eager_strides(route):
                 assert out.stride() == ref.stride()
 
 
-def test_output_strides_cause_no_recompile():
-    """Block outputs feed the next Dynamo frame: other strides than traced would fail its stride guards."""
+@pytest.mark.parametrize("route", ["aten", "graph_with_compile"])
+def test_outputs_keep_eager_strides_under_symbolic_shapes(route):
+    """Under dynamic=True the traced strides are symbols: a dense output is restrided to its traced memory order at
+    each call's sizes (two sizes, one compile)."""
+    torch.manual_seed(5)
+    net = _ConvThenGelu().eval()
+    torch._dynamo.reset()
+    backend = Backend(CompilationConfig(**ROUTES[route]))
+    fn = torch.compile(net, backend=backend, dynamic=True)
+    with torch.no_grad():
+        for x in (torch.randn(2, 4, 6, 5), torch.randn(2, 4, 7, 3)):
+            outs, refs = fn(x), net(x)
+            for out, ref in zip(outs, refs):
+                torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+                assert out.stride() == ref.stride()
+    assert backend.stats.patterns.get("gelu", 0) == 1 and backend.stats.graphs_compiled == 1
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_output_strides_cause_no_recompile(dynamic):
+    """Block outputs feed the next Dynamo frame: other strides than traced would fail its stride guards (under
+    dynamic=True too: HunyuanVideo 1.5's second block was compiled again within the first call)."""
     torch.manual_seed(6)
 
     class Chain(nn.Module):
@@ -415,9 +435,10 @@ def test_output_strides_cause_no_recompile():
     x = torch.randn(2, 4, 6, 5)
     with torch.no_grad():
         ref = net(x)
-        torch.compile(net, backend=record)(x)
+        torch.compile(net, backend=record, dynamic=dynamic)(x)
         torch._dynamo.reset()
-        fn, backend = compiled(net, "aten")
+        backend = Backend(CompilationConfig(**ROUTES["aten"]))
+        fn = torch.compile(net, backend=backend, dynamic=dynamic)
         torch.testing.assert_close(fn(x), ref, rtol=1e-5, atol=1e-5)
     assert backend.stats.graphs_compiled == len(graphs)  # no recompile of the block frames
 

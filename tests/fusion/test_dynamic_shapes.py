@@ -73,3 +73,38 @@ def test_canonical_symbols_keeps_one_node_per_value():
     assert replaced >= 1 and len(gm.graph.nodes) < before
     a, b = torch.randn(2, 4), torch.randn(7, 4)
     torch.testing.assert_close(gm(a, b), f(a, b))
+
+
+class ModulatedRMSNorms(torch.nn.Module):
+    """diffusers RMSNorms (eps a Python float attribute): a plain one, one modulated without a shift (Mochi's
+    MochiRMSNormZero), one with a shift (LTX's)."""
+
+    def __init__(self):
+        super().__init__()
+        from diffusers.models.normalization import RMSNorm
+
+        self.plain, self.noshift, self.shift = (RMSNorm(DIM, 1e-6, elementwise_affine=False) for _ in range(3))
+
+    def forward(self, x, scale, shift):
+        return self.plain(x), self.noshift(x) * (1 + scale), self.shift(x) * (1 + scale) + shift
+
+
+def test_explain_lists_each_norm_with_a_run_time_eps_and_its_modulation():
+    """Under dynamic=True each RMSNorm's eps is a 0-d tensor input: explain lists the three norms as unfused
+    rms_norm sites and the modulation without a shift as an unfused adaln_noshift site, each saying so; the
+    modulation with a shift is then a mul_add (``* (1 + scale) + shift``, fused as such). Static, all fuse (the
+    plain norm as rms_norm, the modulated ones as the two modulation families, which compute their norm)."""
+    from fusegraph import explain
+
+    model = ModulatedRMSNorms()
+    g = torch.Generator().manual_seed(0)
+    args = [torch.randn(2, 5, DIM, generator=g), torch.randn(2, 1, DIM, generator=g),
+            torch.randn(2, 1, DIM, generator=g)]
+    counts = explain(model, *args).counts()
+    assert (counts["rms_norm"]["fused"], counts["adaln_noshift"]["fused"], counts["adaln_rms"]["fused"]) == (1, 1, 1)
+    report = explain(model, *args, dynamic=True)
+    counts = {f: (c["fused"], c["unfused"]) for f, c in report.counts().items() if c["fused"] or c["unfused"]}
+    assert counts == {"rms_norm": (0, 3), "adaln_noshift": (0, 1), "mul_add": (1, 0)}, report.table()
+    assert all("eps is read at run time" in s.reason for s in report.unfused("rms_norm"))
+    assert all(s.reason.startswith("the RMSNorm it modulates is unfused") and "eps is read at run time" in s.reason
+               for s in report.unfused("adaln_noshift"))

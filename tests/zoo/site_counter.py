@@ -55,6 +55,7 @@ Rules (one count per site):
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 
@@ -148,14 +149,42 @@ def mean_last(n):
     return None
 
 
+_RUNTIME_EPS = [False]  # counting_runtime_eps(): an eps read at run time is a norm's eps too
+
+
+@contextlib.contextmanager
+def counting_runtime_eps():
+    """Within: an eps that is a 0-d float graph input (through casts) makes a norm as a Python-number eps does. Under
+    ``torch.compile(dynamic=True)`` Dynamo passes a module's Python float (diffusers RMSNorm's ``self.eps``) as such
+    an input; counted so, the sites are those the graph would hold with the float a number."""
+    _RUNTIME_EPS[0] = True
+    try:
+        yield
+    finally:
+        _RUNTIME_EPS[0] = False
+
+
+def runtime_scalar(x) -> bool:
+    """``x`` is, through casts, a 0-d floating-point graph input (a value read at run time)."""
+    x = through(x)
+    v = val(x)
+    return isinstance(x, Node) and x.op == "placeholder" and isinstance(v, torch.Tensor) and v.dim() == 0 and \
+        v.dtype.is_floating_point
+
+
+def _eps(x) -> bool:
+    return scalar(x) or (_RUNTIME_EPS[0] and isinstance(x, Node) and runtime_scalar(x))
+
+
 def add_eps(n):
-    """``v`` when ``n`` is ``add(v, eps)`` / ``add(eps, v)`` with a Python-number eps."""
+    """``v`` when ``n`` is ``add(v, eps)`` / ``add(eps, v)`` with a Python-number eps (or a run-time one within
+    :func:`counting_runtime_eps`)."""
     if op(n) != "add" or len(n.args) < 2:
         return None
     a, b = n.args[:2]
-    if isinstance(a, Node) and scalar(b):
+    if isinstance(a, Node) and _eps(b):
         return a
-    if isinstance(b, Node) and scalar(a):
+    if isinstance(b, Node) and _eps(a):
         return b
     return None
 
@@ -515,9 +544,10 @@ def count_graph(graph, weights=frozenset(), by_norm=None) -> dict:
     return counts
 
 
-def capture(fn, *args, **kwargs):
+def capture(fn, *args, dynamic=None, **kwargs):
     """(aten graph modules of one forward of ``fn`` as fusegraph receives them, the output) — no grad, fresh
-    Dynamo. The number of graphs is Dynamo's graph count (graph breaks + 1 when there is no other split)."""
+    Dynamo. The number of graphs is Dynamo's graph count (graph breaks + 1 when there is no other split).
+    ``dynamic``: ``torch.compile``'s."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._inductor.decomposition import select_decomp_table
 
@@ -538,7 +568,7 @@ def capture(fn, *args, **kwargs):
 
     torch._dynamo.reset()
     with torch.no_grad():
-        out = torch.compile(fn, backend=backend)(*args, **kwargs)
+        out = torch.compile(fn, backend=backend, dynamic=dynamic)(*args, **kwargs)
     torch._dynamo.reset()
     return graphs, out
 

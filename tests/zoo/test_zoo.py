@@ -50,7 +50,7 @@ from torch._dynamo.utils import counters
 
 from fusegraph import Backend, CompilationConfig, zoo
 from fusegraph.bench.zoo import tensors
-from tests.zoo.site_counter import FAMILIES, capture, count_sites
+from tests.zoo.site_counter import FAMILIES, capture, count_sites, counting_runtime_eps
 
 ROUTES = {"default": {}, "aten": dict(inductor=False), "graph": dict(graph_with_compile=True)}
 # every route for a few models of different block kinds (double/single-stream MMDiT, Wan, PixArt-style, Lumina)
@@ -379,12 +379,22 @@ def test_compiling_ltx_models_leaves_stderr_clean():
 #   comes. Every family fuses exactly the sites the counter finds (as the static compile: test_zoo), and both calls
 #   equal eager.
 # - "dynamic": torch.compile(dynamic=True), as cache-dit applies a backend. Dynamo then also passes a module's Python
-#   float attributes as inputs: diffusers RMSNorm's self.eps arrives as a 0-d tensor, which the fused ops (eps a
-#   compile-time float in their schemas) cannot take. So the rms_norm family fuses the sites less those norms (counted
-#   here independently, in Dynamo's graph: an ``.item()`` of an ``eps`` input added to a ``mean``), every other
-#   family but the modulated-RMSNorm families and mul_add exactly its sites; the modulated RMSNorms of unfused norms
-#   stay unfused (adaln_rms, adaln_noshift at most their sites) and mul_add may take their ``* (1 + scale) + shift``
-#   (at least its sites). Both calls equal eager.
+#   float attributes as inputs, so its graphs are not the static ones, and the sites are counted in them: the
+#   counter on the graphs a plain capture gets under dynamic=True (``dynamic_capture``), with a norm whose eps is
+#   such an input counted as a norm (what the graph would hold with the float a number). Two ways those graphs hold
+#   other sites than the static ones: a float that is 1 (ConsisID's ``local_face_scale``) makes ``x * 1.0 + y`` —
+#   no product, no site — static, but a product of a run-time value, a mul_add site, under dynamic=True; and a
+#   frame Dynamo compiles twice static for two sizes (Mochi's MochiRMSNorm on q and on the shorter added_q) is one
+#   graph with symbolic sizes (15 static rms_norm sites, 14 under dynamic=True). diffusers RMSNorm's self.eps
+#   arrives as a 0-d tensor, which the fused ops (eps a compile-time float in their schemas) cannot take. So the
+#   rms_norm family fuses the sites less those norms (counted here independently, in Dynamo's graph: an ``.item()``
+#   of an ``eps`` input added to a ``mean``, each norm of each graph once), every other family but the
+#   modulated-RMSNorm families and mul_add exactly its sites; the modulated RMSNorms of unfused norms stay unfused
+#   (adaln_rms, adaln_noshift at most their sites) and mul_add may take their ``* (1 + scale) + shift`` (at least
+#   its sites). Both calls equal eager.
+# Every Dynamo graph of the first call is counted: a frame compiled again within the call (a recompile the fused
+# graph caused, as HunyuanVideo 1.5's blocks did when a fused op's output strides differed from eager's) fuses its
+# sites twice and fails the count.
 # Fast tier: Flux "mark" alone (one small case); the full tier runs every model both ways.
 FAST_DYNAMIC = (("FluxTransformer2DModel", "mark"),)
 RUNTIME_EPS_FAMILIES = ("adaln_rms", "adaln_noshift")
@@ -408,9 +418,20 @@ def mark_sequence_dims(kw: dict) -> int:
     return len(dims)
 
 
+@functools.lru_cache(maxsize=None)
+def dynamic_capture(name: str) -> dict:
+    """Sites per family of one forward of the fp32 zoo model compiled with ``dynamic=True``, unfused, a norm whose
+    eps is a run-time input counted as a site (``site_counter.counting_runtime_eps``)."""
+    model, kwargs = zoo.build(name)
+    graphs, _ = capture(model, dynamic=True, **kwargs)
+    with counting_runtime_eps():
+        return count_sites(graphs)
+
+
 def runtime_eps_norms(gm) -> list:
     """Norms of a Dynamo graph whose eps is an input read at run time: ``x.item()`` of an input named ``*eps``
-    added to a ``mean``; one (input name, add node name) per norm call."""
+    added to a ``mean``; one (input name, add node name) per norm call of this graph (names repeat across graphs:
+    count per graph)."""
     found = []
     for node in gm.graph.nodes:
         if node.op == "call_method" and node.target == "item" and node.args[0].op == "placeholder" and \
@@ -427,7 +448,7 @@ def runtime_eps_norms(gm) -> list:
 def test_zoo_dynamic(name, mode):
     from fusegraph.pipeline import has_symbolic_inputs
 
-    sites = dict(plain_capture(name)[0])
+    sites = dict(plain_capture(name)[0] if mode == "mark" else dynamic_capture(name))
     known, _ = KNOWN_UNFUSED.get(name, ({}, ""))
     sites = {k: v - known.get(k, 0) for k, v in sites.items()}
     model, kw1 = zoo.build(name)
@@ -435,12 +456,17 @@ def test_zoo_dynamic(name, mode):
     with torch.no_grad():
         eagers = [model(**kw1), model(**kw2)]
     backend = Backend(CompilationConfig(**ROUTES["aten"]))
-    symbolic, runtime_eps = [], set()
+    symbolic, runtime_eps = [], []
 
     def compiler(gm, example_inputs):
-        symbolic.append(has_symbolic_inputs(gm, example_inputs))
-        runtime_eps.update(runtime_eps_norms(gm))  # a frame compiled again within the first call counts once
-        return backend(gm, example_inputs)
+        is_symbolic, eps = has_symbolic_inputs(gm, example_inputs), runtime_eps_norms(gm)
+        # Counted once compiled: Dynamo abandons a graph whose compile specializes a float input it passed (Mochi's
+        # FeedForward dropout p, a float input under dynamic=True, which aot_autograd's trace of dropout specializes)
+        # and traces the frame again; the abandoned graph is neither fused nor run.
+        compiled = backend(gm, example_inputs)
+        symbolic.append(is_symbolic)
+        runtime_eps.extend(eps)
+        return compiled
 
     torch._dynamo.reset()
     if mode == "mark" and not (mark_sequence_dims(kw1) and mark_sequence_dims(kw2)):

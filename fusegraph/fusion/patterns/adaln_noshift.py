@@ -274,11 +274,17 @@ def _claims(node) -> bool:
 
 
 def _anchor(node):
-    """A LayerNorm or a fused RMSNorm followed by ``* (1 + scale)`` with no shift."""
-    label = "fusegraph.rms_norm" if _anchors.is_fused_rms_norm(node) else _anchors.layer_norm_label(node)
+    """A LayerNorm or a fused RMSNorm followed by ``* (1 + scale)`` with no shift; also an RMSNorm left unfused
+    because its eps is read at run time (under ``dynamic=True``), whose modulation cannot fuse either."""
+    if _anchors.is_fused_rms_norm(node):
+        label = "fusegraph.rms_norm"
+    elif _anchors.runtime_eps_rms_norm(node):
+        label = "mean(x²)"
+    else:
+        label = _anchors.layer_norm_label(node)
     return label if label is not None and _anchors.modulation(node) == "noshift" else None
 
 
 FAMILY = Family("adaln_noshift", "enable_adalayernorm", register, ops=("adaln.default",), claims=_claims,
                 lowerings={"adaln.default": lower}, calibration=adaln_site(norm="layer", shift=False),
-                candidates=(Candidate(_anchor),), forms=RMS_FORMS + LN_FORMS)
+                candidates=(Candidate(_anchor, modulates_rms=True),), forms=RMS_FORMS + LN_FORMS)

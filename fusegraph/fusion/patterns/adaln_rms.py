@@ -425,10 +425,15 @@ def _claims(node) -> bool:
 
 def _anchor(node):
     """A fused RMSNorm followed by ``* (1 + scale) + shift``. (An RMSNorm still unfused is the rms_norm
-    family's candidate: this family starts at the fused op.)"""
-    return "fusegraph.rms_norm" if _anchors.is_fused_rms_norm(node) and _anchors.modulation(node) == "shift" else None
+    family's candidate: this family starts at the fused op; but one left unfused because its eps is read at run
+    time, under ``dynamic=True``, is this family's candidate too: its modulation cannot fuse either.)"""
+    if _anchors.modulation(node) != "shift":
+        return None
+    if _anchors.is_fused_rms_norm(node):
+        return "fusegraph.rms_norm"
+    return "mean(x²)" if _anchors.runtime_eps_rms_norm(node) else None
 
 
 FAMILY = Family("adaln_rms", "enable_adalayernorm", register, ops=("adaln.default",), claims=_claims,
                 lowerings={"adaln.default": lower}, calibration=adaln_site(norm="rms", shift=True),
-                candidates=(Candidate(_anchor),), forms=FORMS)
+                candidates=(Candidate(_anchor, modulates_rms=True),), forms=FORMS)
