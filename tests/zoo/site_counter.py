@@ -341,7 +341,8 @@ def modulation_sites(graph, claimed, weights=frozenset(), by_norm=None) -> dict:
 
 def roots(n, memo):
     """The source tensors ``n`` is derived from through rotation/selection ops (frozenset of nodes)."""
-    if not isinstance(n, Node):
+    if not isinstance(n, Node) or isinstance(val(n), (torch.SymInt, torch.SymFloat, torch.SymBool, numbers.Number)):
+        # sizes are no sources: under dynamic=True a slice's bound is a SymInt input every rotation shares
         return frozenset()
     if n in memo:
         return memo[n]

@@ -430,7 +430,7 @@ def dynamic_capture(name: str) -> dict:
 
 def runtime_eps_norms(gm) -> list:
     """Norms of a Dynamo graph whose eps is an input read at run time: ``x.item()`` of an input named ``*eps``
-    added to a ``mean``; one (input name, add node name) per norm call of this graph (names repeat across graphs:
+    added to a ``mean`` (``x.mean(...)`` or ``torch.mean(x, ...)``: QwenImage 2.1's own RMSNorm); one (input name, add node name) per norm call of this graph (names repeat across graphs:
     count per graph)."""
     found = []
     for node in gm.graph.nodes:
@@ -438,7 +438,8 @@ def runtime_eps_norms(gm) -> list:
                 str(node.args[0].target).endswith("eps"):
             for user in node.users:
                 if user.op == "call_function" and user.target in (operator.add, torch.add) and any(
-                        isinstance(a, torch.fx.Node) and a.op == "call_method" and a.target == "mean"
+                        isinstance(a, torch.fx.Node) and (a.op, a.target) in (("call_method", "mean"),
+                                                                            ("call_function", torch.mean))
                         for a in user.args):
                     found.append((str(node.args[0].target), user.name))
     return found
