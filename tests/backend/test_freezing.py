@@ -194,6 +194,7 @@ with torch.no_grad():
 """
 
 
+@pytest.mark.full  # ~35 s: two processes
 def test_a_frozen_graph_is_never_served_from_another_process_cache(tmp_path):
     """Two processes on one Inductor cache folder, the same model class with other weights, frozen: the second is
     compiled for its own weights, not served the first one's constants from the cache."""
@@ -344,7 +345,7 @@ def _first_tensor(out):
     return getattr(out, "sample", out)
 
 
-@pytest.mark.parametrize("route", ["frozen", "aten", "graph_with_compile"])
+@pytest.mark.parametrize("route", [pytest.param("frozen", marks=pytest.mark.full), "aten", "graph_with_compile"])
 @pytest.mark.parametrize("name", ["HiDreamImageTransformer2DModel", "HunyuanVideo15Transformer3DModel"])
 def test_models_that_reuse_block_graphs(name, route):
     """Two zoo models in which Dynamo reuses one block graph (graph breaks inside the blocks) for every block

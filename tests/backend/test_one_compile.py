@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 import torch._inductor.compile_fx as compile_fx_mod
 import torch.nn as nn
@@ -119,6 +120,7 @@ def _choices(tmp_path, name: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.full  # ~70 s: a busy machine made by two spinning processes
 def test_the_choice_is_the_same_on_a_quiet_and_on_a_busy_machine(tmp_path):
     quiet = _choices(tmp_path, "quiet")
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # the other core, fully busy

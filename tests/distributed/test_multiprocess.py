@@ -42,6 +42,7 @@ def same_on_ranks(rows, *keys):
         assert rows[0][key] == rows[1][key], f"{key} differs across ranks: {rows[0][key]} vs {rows[1][key]}"
 
 
+@pytest.mark.full  # ~140 s: four routes on two ranks
 @pytest.mark.parametrize("route", ["default", "aten", "graph_with_compile", "graph_only"])
 def test_context_parallel_flux_ulysses(results, route):
     for r in both(results, "cp_flux_ulysses"):

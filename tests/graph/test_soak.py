@@ -3,6 +3,7 @@ cache: results stay correct and resident memory stops growing."""
 import gc
 import types
 
+import pytest
 import torch
 
 
@@ -36,6 +37,7 @@ def test_ten_thousand_replays_with_changing_storages():
     assert rss_bytes() - base < 8 * 2**20, "resident memory grew during replays"
 
 
+@pytest.mark.full  # ~60 s
 def test_cycling_fifty_shapes_through_four_entries():
     r = GraphRunner(fn, types.SimpleNamespace(graph_max_entries=4, graph_warmup_runs=0))
     w = torch.randn(32)

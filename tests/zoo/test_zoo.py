@@ -365,6 +365,7 @@ def _compile_stderr(mode: str, *names: str) -> str:
     return proc.stderr
 
 
+@pytest.mark.full  # ~55 s: fresh processes
 def test_compiling_ltx_models_leaves_stderr_clean():
     err = _compile_stderr("plain", "LTXVideoTransformer3DModel", "LTX2VideoTransformer3DModel")
     assert err == "", f"compiling LTX / LTX2 wrote {len(err.splitlines())} lines to stderr:\n{err[:3000]}"
