@@ -17,8 +17,9 @@ def _poisoned_outputs_and_seed(request):
 
 
 # The suite's tiers: a test marked ``full`` runs only with FUSEGRAPH_TESTS=full (``make test-full``); ``make test``
-# (CI) deselects it. For cases that repeat what a faster case checks on another model or route (the zoo and the
-# pipelines have tiers of their own: FUSEGRAPH_ZOO, FUSEGRAPH_PIPELINES).
+# (CI) deselects it. For cases that repeat what a faster case checks on another model or route, and the slowest
+# whole-system runs (the soak, context parallel on four routes, the busy machine) that no change to one module needs
+# (the zoo and the pipelines have tiers of their own: FUSEGRAPH_ZOO, FUSEGRAPH_PIPELINES).
 def pytest_configure(config):
     config.addinivalue_line("markers", "full: a case of the full tier only (FUSEGRAPH_TESTS=full / make test-full)")
 
