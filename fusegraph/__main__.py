@@ -1,10 +1,13 @@
 """Command line: ``python -m fusegraph demo``, ``python -m fusegraph bench <subject> [options]`` and
 ``python -m fusegraph explain --model <diffusers class> [--json FILE] [--dtype fp32|bf16]`` (fusegraph.explain).
+Any of them may be prefixed with ``--cpu-class NAME`` (``avx2``, ``avx512``, ``default``...): the command re-runs
+itself as that CPU class would (fusegraph._core.cpu_class: the libraries' ISA caps set before torch loads).
 
 Each bench subject is a module ``fusegraph.bench.<subject>`` with ``main(argv) -> int``; the demo is
 ``fusegraph.bench.demo``. Adding a subject needs no change here.
 """
 import importlib
+import os
 import pkgutil
 import sys
 
@@ -18,11 +21,25 @@ def _subjects():
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    usage = (f"usage: python -m fusegraph demo | bench {{{','.join(_subjects())}}} [options] | "
+    usage = (f"usage: python -m fusegraph [--cpu-class CLASS] demo | bench {{{','.join(_subjects())}}} [options] | "
              f"explain --model <diffusers class> [--json FILE] [--dtype fp32|bf16]")
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
         return 0 if argv else 2
+    if argv[0] == "--cpu-class":
+        from fusegraph._core import cpu_class
+
+        if len(argv) < 3:
+            print(f"--cpu-class: expected a class ({', '.join(cpu_class.NAMES)}) and a command", file=sys.stderr)
+            return 2
+        try:
+            cpu_class.check_emulable(argv[1])
+        except ValueError as e:
+            print(e, file=sys.stderr)
+            return 2
+        env = {**os.environ, **cpu_class.environment(argv[1])}
+        sys.stdout.flush()
+        os.execve(sys.executable, [sys.executable, "-m", "fusegraph", *argv[2:]], env)
     if argv[0] == "demo":
         return importlib.import_module("fusegraph.bench.demo").main(argv[1:])
     if argv[0] == "explain":

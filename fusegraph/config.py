@@ -183,10 +183,12 @@ class FusionPatterns(_ConfigBase):
                                       "projections, CPU) as fusegraph.gemv, one bandwidth-bound pass over the "
                                       "weight.")
     enable_linear = _Field("auto", _auto_bool,
-                           "Run float32 linear layers of more than 8 rows and at least 2^20 multiply-adds (CPU) "
-                           "through oneDNN's matmul on the module's own weight (fusegraph.linear) instead of "
-                           "ATen's addmm (MKL's sgemm). 'auto': on CPUs where MKL's sgemm is the slower kernel "
-                           "(non-Intel with AVX-512: 2.1-2.4x measured); True: on any CPU; False: never.")
+                           "Run linear layers of more than 8 rows and at least 2^20 multiply-adds (CPU) through "
+                           "fusegraph.linear (oneDNN's float32 matmul on the module's own weight; bf16/fp16 "
+                           "widened to float32 block by block) instead of ATen's addmm. 'auto': the dtypes for "
+                           "which the table measured for this CPU class says it is the faster kernel (a class not "
+                           "measured keeps addmm; `bench gemm --calibrate` measures yours); True: every dtype on "
+                           "any CPU; False: never.")
     gelu_approximation = _Field("tanh", _choice("tanh", "sigmoid"),
                                 "'tanh': tanh-GELU becomes fusegraph.gelu_tanh (exact); 'sigmoid': "
                                 "fusegraph.fast_gelu x*sigmoid(1.702x), the NPU fast-gelu (up to 0.02 "

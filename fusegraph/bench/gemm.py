@@ -1,11 +1,15 @@
 """``python -m fusegraph bench gemm``: a linear layer's two CPU kernels side by side, at sizes from tiny to
 FLUX.1's: ``aten::addmm`` (what every torch variant calls: MKL's sgemm in float32, oneDNN in bf16/fp16) against
-``fusegraph.linear`` (oneDNN's matmul on the plain weight), interleaved, medians of warm runs.
+``fusegraph.linear`` (oneDNN's float32 matmul on the plain weight; bf16/fp16 widened to it), interleaved, medians
+of warm runs.
 
-It is the evidence behind the linear family's machine rule (``fusegraph.fusion.patterns.linear``): the last
-columns say what the fusion pass does with each size on this machine ("linear": routed to oneDNN; "gemv": the
-few-row kernel; "addmm": left alone) and whether that is the faster kernel here. A user on a CPU the rule has not
-seen runs this to check it (``enable_linear=True`` / ``False`` override it).
+It is the evidence behind the linear family's rule (``fusegraph.fusion.patterns.linear``, a table per CPU class in
+``fusegraph.fusion.gemm_table``): the last columns say what the fusion pass does with each size on this machine
+("linear": routed to fusegraph.linear; "gemv": the few-row kernel; "addmm": left alone) and whether that is the
+faster kernel here. ``--calibrate`` measures this machine's table (the published models' GEMM shapes) into the
+cache directory, where the pass reads it from the next compile on; ``--ship`` writes it into the table shipped with
+the package (for the developers). Run it as another CPU class with ``python -m fusegraph --cpu-class avx2 bench
+gemm``.
 """
 from __future__ import annotations
 
@@ -29,8 +33,8 @@ def _route(m, k, n, dtype) -> str:
     from fusegraph.config import FusionPatterns
     from fusegraph.fusion.patterns import gemv, linear
 
-    if dtype == torch.float32 and m > gemv.MAX_ROWS and m * k * n >= linear.MIN_MACS \
-            and linear.uses_onednn(FusionPatterns().enable_linear):
+    if m > gemv.MAX_ROWS and m * k * n >= linear.MIN_MACS \
+            and dtype in linear.routed_dtypes(FusionPatterns().enable_linear):
         return "linear"
     if m <= gemv.MAX_ROWS and n * k >= gemv.MIN_WEIGHT:
         return "gemv"
@@ -44,14 +48,33 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=None, help="timed runs per kernel (default: ~1 s of work, 5-200)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads(N) before timing")
     p.add_argument("--json", default=None, metavar="PATH", help="write every number (+ machine, date) here")
+    p.add_argument("--calibrate", action="store_true", help="measure this CPU class's table (the published models' "
+                   "GEMM shapes, every dtype) into the cache directory: the linear family's rule from then on")
+    p.add_argument("--ship", action="store_true", help="with --calibrate: write into the shipped table "
+                   "(fusegraph/fusion/gemm_cpu.json) instead")
     args = p.parse_args(argv)
+    if args.ship and not args.calibrate:
+        p.error("--ship: only with --calibrate")
     timing.setup_device("cpu", args.threads)
     dtypes = timing.parse_dtypes(args.dtype)
+    from fusegraph.fusion import gemm_table
     from fusegraph.fusion.patterns import linear
 
-    rule, why = linear.machine_rule()
     print(timing.machine_summary("cpu"))
-    print(f"threads {torch.get_num_threads()}; linear family rule: {'oneDNN' if rule else 'addmm'} ({why})")
+    if args.calibrate:
+        entries = gemm_table.measure(reps=args.reps or 5, progress=lambda line: print(" ", line, flush=True))
+        path = gemm_table.save(entries, gemm_table._SHIPPED if args.ship else None)
+        for name, e in entries.items():
+            print(f"{name}: {e['kernel']} (aten/fused geometric mean {e['geomean']:.2f}x)")
+        print(f"wrote {path}")
+        linear.machine_rule.cache_clear()
+        if args.json:
+            timing.write_json(args.json, {**timing.run_facts("cpu"), "calibration": entries})
+        return 0
+    rules = {str(d): linear.machine_rule(d) for d in dtypes}
+    rule, why = rules[str(dtypes[0])]
+    print(f"threads {torch.get_num_threads()}; linear family rule: " + "; ".join(
+        f"{d.replace('torch.', '')} {'fusegraph.linear' if r else 'addmm'} ({w})" for d, (r, w) in rules.items()))
     rows, records = [], []
     torch.manual_seed(0)
     for dtype in dtypes:
@@ -80,7 +103,8 @@ def main(argv=None) -> int:
     print(timing.format_table(["dtype", "M x K x N", "addmm", "fusegraph.linear", "addmm/linear", "GFLOP/s linear",
                                "max err vs f64 (addmm / linear)", "pass routes to", "faster chosen"], rows))
     if args.json:
-        timing.write_json(args.json, {**timing.run_facts("cpu"), "rule": [rule, why], "results": records})
+        timing.write_json(args.json, {**timing.run_facts("cpu"), "rule": [rule, why],
+                                      "rules": {d: list(r) for d, r in rules.items()}, "results": records})
     return 0
 
 

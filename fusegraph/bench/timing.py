@@ -54,7 +54,15 @@ def machine_summary(device: torch.device | str = "cpu") -> str:
     else:
         from fusegraph import _C
 
+        from fusegraph._core import cpu_class
+
         parts.append(f"CPU {cpu_model()}, {torch.get_num_threads()} threads, kernels {_C.cpu_capability()}")
+        from fusegraph.fusion import gemm_table
+
+        measured = cpu_class.key() in gemm_table.measured_classes()
+        parts.append(cpu_class.describe() + (", a measured class" if measured else
+                                             ", a class not measured: linears keep eager's kernels (measure it: "
+                                             "python -m fusegraph bench gemm --calibrate)"))
         parts.append(load_summary())
     parts.append(f"python {platform.python_version()}, pid {os.getpid()}")
     return "; ".join(parts)

@@ -23,6 +23,7 @@ from .._core.torch_dispatcher import OpOverload
 from .._core.torch_inductor import custom_graph_pass_base
 
 from . import choice, passes, patterns
+from .patterns import linear as linear_rule
 from .job import FusionJob
 
 _PassBase = custom_graph_pass_base()
@@ -96,7 +97,8 @@ class FusionPass(_PassBase):
                                                        "only, conv measured", self.config.concat_linear,
                                                        self.config.pack_weights),  # freezing.py
                                                       ("cpp_wrapper", self.config.cpp_wrapper),
-                                                      ("linear", patterns.BY_NAME["linear"].on(fp)))
+                                                      ("linear", patterns.BY_NAME["linear"].on(fp),
+                                                       [str(d) for d in linear_rule.routed_dtypes(fp.enable_linear)]))
         return hashlib.sha256(repr((_source_hash(), opts)).encode()).hexdigest()
 
     def __deepcopy__(self, memo):  # Inductor may deep-copy its config; the pass is stateless as far as it is concerned

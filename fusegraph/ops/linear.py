@@ -12,10 +12,11 @@ def linear(x, weight, bias=None) -> torch.Tensor:
 
     ``x`` ``[..., K]``, ``weight`` ``[N, K]``, ``bias`` ``[N]`` or None, one dtype for all; output contiguous
     ``[..., N]``. float32 on CPU: oneDNN's matmul (``mkldnn._linear_pointwise``) on the weight as it is, no packed
-    copy, so an in-place edit of the weight is read by the next call. Where MKL's sgemm (what ``at::addmm`` calls
-    for float32) is slower than oneDNN's kernels, the fusion pass routes large float32 linears here
-    (``fusegraph.fusion.patterns.linear``). Every other dtype and device, and a torch without oneDNN:
-    ``at::linear``. Differentiable (``F.linear``'s gradient).
+    copy, so an in-place edit of the weight is read by the next call. bf16/fp16 on CPU: the operands widened to
+    float32 (the weight a block of rows at a time, never a whole copy), the same float32 GEMM, the bias added in
+    float32, rounded once to the dtype. The fusion pass routes large linears here for the dtypes where the table
+    measured for the CPU class says this is the faster kernel (``fusegraph.fusion.patterns.linear``). Other
+    devices, and a torch without oneDNN: ``at::linear``. Differentiable (``F.linear``'s gradient).
     """
     return torch.ops.fusegraph.linear(x, weight, bias)
 

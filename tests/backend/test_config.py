@@ -97,28 +97,58 @@ def test_linear_auto_follows_the_machine_rule(monkeypatch, rule):
     the faster kernel; True / False override it."""
     from fusegraph.fusion.patterns import linear
 
-    monkeypatch.setattr(linear, "machine_rule", lambda: (rule, "test"))
+    monkeypatch.setattr(linear, "machine_rule", lambda *dtype: (rule, "test"))
     assert ("linear" in FusionPatterns().enabled_families()) is rule
     assert "linear" in FusionPatterns(enable_linear=True).enabled_families()
     assert "linear" not in FusionPatterns(enable_linear=False).enabled_families()
 
 
-def test_linear_machine_rule(monkeypatch):
-    """The rule reads the CPU vendor and ISA, not a timing: Intel keeps MKL, a non-Intel AVX-512 CPU gets
-    oneDNN, a non-Intel CPU without AVX-512 keeps MKL."""
+def test_linear_machine_rule(monkeypatch, tmp_path):
+    """The rule reads the table measured for the CPU class (vendor/class key), per dtype, never a timing taken
+    during the compile: the user's calibration first, then the shipped table, and a class no table covers keeps
+    eager's kernel for every dtype."""
+    import json
+
+    from fusegraph.fusion import gemm_table
     from fusegraph.fusion.patterns import linear
 
-    cases = [("GenuineIntel", "AVX512", False), ("AuthenticAMD", "AVX512", True), ("AuthenticAMD", "AVX2", False),
-             ("", "AVX512", False)]
-    for vendor, isa, expected in cases:
+    shipped = {"version": 1, "classes": {
+        "AuthenticAMD/avx2": {"float32": {"kernel": "aten"}, "bfloat16": {"kernel": "fused", "geomean": 3.5}},
+        "AuthenticAMD/avx512_bf16": {"float32": {"kernel": "fused"}, "bfloat16": {"kernel": "aten"}}}}
+    user = {"version": 1, "classes": {"AuthenticAMD/avx2": {"float32": {"kernel": "fused"}}}}
+    (tmp_path / "shipped.json").write_text(json.dumps(shipped))
+    monkeypatch.setattr(gemm_table, "_SHIPPED", str(tmp_path / "shipped.json"))
+    monkeypatch.setattr(gemm_table, "calibration_path", lambda: str(tmp_path / "user.json"))
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: True)
+    monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: True)
+
+    def rule(key, dtype):
+        monkeypatch.setattr(gemm_table.cpu_class, "key", lambda: key)
+        gemm_table.reload()
         linear.machine_rule.cache_clear()
-        monkeypatch.setattr(linear, "_cpu_vendor", lambda v=vendor: v)
-        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda i=isa: i)
-        monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: True)
-        monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: True)
-        ok, why = linear.machine_rule()
-        assert ok is expected, (vendor, isa, why)
-    linear.machine_rule.cache_clear()
+        return linear.machine_rule(dtype)
+
+    try:
+        assert rule("AuthenticAMD/avx2", torch.float32)[0] is False
+        ok, why = rule("AuthenticAMD/avx2", torch.bfloat16)
+        assert ok is True and "3.50x" in why, why
+        assert rule("AuthenticAMD/avx2", torch.float16)[0] is False  # no entry for the dtype: eager's kernel
+        assert rule("AuthenticAMD/avx512_bf16", torch.float32)[0] is True
+        assert rule("AuthenticAMD/avx512_bf16", torch.bfloat16)[0] is False
+        ok, why = rule("GenuineIntel/avx512", torch.float32)
+        assert ok is False and "not measured" in why, why
+        (tmp_path / "user.json").write_text(json.dumps(user))
+        ok, why = rule("AuthenticAMD/avx2", torch.float32)
+        assert ok is True and "calibrated here" in why, why
+        assert rule("AuthenticAMD/avx2", torch.bfloat16)[0] is True  # the shipped entry still answers for bf16
+        (tmp_path / "user.json").write_text('{"version": 1, "classes": {"x": {"float32": {"kernel": "mkl"}}}}')
+        assert rule("AuthenticAMD/avx2", torch.float32)[0] is False  # a bad file is ignored, never trusted
+        monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+        assert rule("AuthenticAMD/avx512_bf16", torch.float32) == (False, "torch has no oneDNN")
+    finally:
+        monkeypatch.undo()
+        gemm_table.reload()
+        linear.machine_rule.cache_clear()
 
 
 @pytest.mark.parametrize("overrides,exc,words", [

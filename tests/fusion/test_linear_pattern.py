@@ -1,7 +1,7 @@
-"""linear family: float32 linear layers of many rows become fusegraph.linear (oneDNN's matmul on the module's own
-weight) on every route; few rows, small products, other dtypes and the switch leave them alone. The family is
-forced on (enable_linear=True) so that these tests hold on any CPU; 'auto' is the machine rule
-(tests/backend/test_config.py)."""
+"""linear family: linear layers of many rows become fusegraph.linear (oneDNN's float32 matmul on the module's own
+weight; bf16/fp16 widened to it) on every route; few rows, small products and the switch leave them alone. The
+family is forced on (enable_linear=True) so that these tests hold on any CPU; 'auto' is the rule read from the CPU
+class's GEMM table (tests/backend/test_config.py), per dtype."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -50,17 +50,39 @@ def _close_to_float64(out, module, x):
     ((9,), 512, 256, True, torch.float32, 2),       # 9 rows: the first row count past gemv's
     ((8,), 512, 256, True, torch.float32, 0),       # 8 rows: gemv's (its own family)
     ((64,), 64, 128, True, torch.float32, 0),       # 2^19 multiply-adds: addmm's call is cheaper
-    ((64,), 256, 512, True, torch.bfloat16, 0),     # bf16: ATen already runs oneDNN
+    ((64,), 256, 512, True, torch.bfloat16, 2),     # bf16 / fp16: widened to float32 (where 'auto' says so)
+    ((3, 37), 256, 512, False, torch.float16, 2),
+    ((64,), 64, 128, True, torch.bfloat16, 0),
 ])
 def test_what_is_a_site(shape, k, n, bias, dtype, fused):
     torch.manual_seed(4)
     module = MLP(k, n, bias, dtype).eval()
     x = torch.randn(*shape, k, dtype=dtype)
     assert _counts(module, [x])["linear"] == fused
-    if dtype == torch.float32:
-        with torch.no_grad():
-            out = GraphRunner(module, config=CompilationConfig(fusion_patterns=ON))(x)
-        _close_to_float64(out, module, x)
+    with torch.no_grad():
+        out = GraphRunner(module, config=CompilationConfig(fusion_patterns=ON))(x)
+        if dtype == torch.float32:
+            _close_to_float64(out, module, x)
+        else:  # float32 accumulation, one rounding per linear: no further from the float64 model than eager
+            eager = module(x)
+            ref = module.double()(x.double())
+            module.to(dtype)
+            err, eager_err = ((t.double() - ref).abs().max().item() for t in (out, eager))
+            assert err <= 1.25 * eager_err, (err, eager_err)
+            torch.testing.assert_close(out, eager, rtol=2 * torch.finfo(dtype).eps, atol=1e-3)
+
+
+def test_auto_routes_each_dtype_by_its_own_rule(monkeypatch):
+    """'auto' asks the rule per dtype: a class whose table says bf16 is faster widened (AVX2, AVX-512 without BF16)
+    routes bf16 linears and leaves float32 ones with addmm, and the other way round."""
+    from fusegraph.fusion.patterns import linear
+
+    torch.manual_seed(5)
+    for routed in (torch.bfloat16, torch.float32):
+        monkeypatch.setattr(linear, "machine_rule", lambda dtype=torch.float32, r=routed: (dtype == r, "test"))
+        for dtype in (torch.float32, torch.bfloat16):
+            module, x = MLP(dtype=dtype).eval(), torch.randn(64, 256, dtype=dtype)
+            assert _counts(module, [x], enable_linear="auto")["linear"] == (2 if dtype == routed else 0)
 
 
 @pytest.mark.parametrize("route", ROUTES)
@@ -91,7 +113,7 @@ def test_switch_off_auto_and_explain(monkeypatch):
     report = explain(module, x, config=CompilationConfig(fusion_patterns={"enable_linear": False}))
     assert report.counts()["linear"]["unfused"] == 2
     # 'auto' where the machine rule says MKL is the faster kernel: the family is off, its sites are no candidates
-    monkeypatch.setattr(linear, "machine_rule", lambda: (False, "test"))
+    monkeypatch.setattr(linear, "machine_rule", lambda *dtype: (False, "test"))
     assert _counts(module, [x], enable_linear="auto")["linear"] == 0
     torch._dynamo.reset()
     report = explain(module, x)
@@ -106,6 +128,6 @@ def test_pass_key_follows_the_machine_rule(monkeypatch):
 
     keys = []
     for rule in (True, False):
-        monkeypatch.setattr(linear, "machine_rule", lambda r=rule: (r, "test"))
+        monkeypatch.setattr(linear, "machine_rule", lambda *dtype, r=rule: (r, "test"))
         keys.append(inductor_pass.FusionPass(CompilationConfig(), None).uuid())
     assert keys[0] != keys[1]

@@ -1,5 +1,5 @@
-"""fusegraph.linear: F.linear through oneDNN's matmul on the plain weight (float32 CPU), at::linear otherwise;
-against a float64 reference."""
+"""fusegraph.linear: F.linear through oneDNN's float32 matmul on the plain weight (float32 CPU; bf16/fp16 widened to
+float32 a block of weight rows at a time), at::linear otherwise; against a float64 reference."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -9,9 +9,10 @@ from tests.helpers import DTYPES, assert_close_to_reference, assert_error_names,
 
 op = fusegraph.ops.linear
 
-# (M, N, K, bias): odd sizes, the pass's smallest site (9 rows, 2^20 multiply-adds) and a FLUX.1-width slice
+# (M, N, K, bias): odd sizes, the pass's smallest site (9 rows, 2^20 multiply-adds), a FLUX.1-width slice, and a
+# weight of more than one widened block (8 MiB of float32 rows: 704 rows at K = 3072) with a partial last block
 SHAPES = [(9, 1024, 128, True), (37, 129, 257, False), (300, 513, 300, True), (64, 3072, 160, True),
-          (1, 7, 5, True), (320, 48, 3072, False)]
+          (1, 7, 5, True), (320, 48, 3072, False), (12, 1500, 3072, True)]
 
 
 def reference(x, w, b=None):
@@ -19,12 +20,9 @@ def reference(x, w, b=None):
 
 
 def check(out, x, w, b=None):
-    """float32 (oneDNN): against float64 at float32's tolerance. bf16/fp16 run at::linear, whose mm rounds before
-    the bias is added: the same result as F.linear, which differs from the float64 reference by that rounding."""
-    if out.dtype == torch.float32:
-        assert_close_to_reference(out, reference(x, w, b))
-    else:
-        torch.testing.assert_close(out, F.linear(x, w, b).contiguous(), rtol=0, atol=0)
+    """Against float64 at the dtype's tolerance (bf16/fp16: float32 accumulation, the bias added before the one
+    rounding)."""
+    assert_close_to_reference(out, reference(x, w, b))
 
 
 @pytest.mark.parametrize("nthreads", [1, 2])

@@ -1,0 +1,62 @@
+"""CPU classes (fusegraph._core.cpu_class): the class a process runs as, narrowed by the libraries' ISA caps, and
+``python -m fusegraph --cpu-class C`` running a command as class C would."""
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+
+from fusegraph._core import cpu_class
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+x86 = pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86 classes")
+
+
+def _run(args, env=None):
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+def test_environment_sets_every_library_cap_and_rejects_unknown_names():
+    env = cpu_class.environment("avx2")
+    assert env["ATEN_CPU_CAPABILITY"] == "avx2" and env["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+    assert env["MKL_ENABLE_INSTRUCTIONS"] == "AVX2" and env["FUSEGRAPH_CPU_CLASS"] == "avx2"
+    with pytest.raises(ValueError, match=r"unknown 'avx3'.*'avx512_bf16'"):
+        cpu_class.environment("avx3")
+
+
+@x86
+def test_each_narrower_class_is_what_a_process_started_with_its_caps_reports():
+    """A process started with a class's caps names that class, and ATen (hence fusegraph's kernels and Inductor's
+    code) runs at its capability."""
+    own = cpu_class.hardware_classes()
+    assert own and own[-1] == "default"
+    code = ("from fusegraph._core import cpu_class; import torch, fusegraph; "
+            "print(cpu_class.current(), cpu_class.emulated(), fusegraph._C.cpu_capability())")
+    for name in own:
+        out = _run(["-c", code], cpu_class.environment(name))
+        assert out.returncode == 0, out.stderr[-2000:]
+        current, emulated, kernels = out.stdout.split()
+        assert current == name and emulated == str(name != own[0]), (name, out.stdout)
+        assert kernels == {"avx2": "AVX2", "default": "DEFAULT"}.get(name, "AVX512"), (name, out.stdout)
+
+
+@x86
+def test_the_command_line_runs_a_command_as_another_class():
+    if "avx2" not in cpu_class.hardware_classes():
+        pytest.skip("no AVX2 on this CPU")
+    out = _run(["-m", "fusegraph", "--cpu-class", "avx2", "bench", "gemm", "--quick", "--dtype", "fp32",
+                "--reps", "1"])
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "kernels AVX2" in out.stdout and "/avx2" in out.stdout, out.stdout[:600]
+
+
+def test_a_class_this_machine_cannot_run_is_a_clear_error():
+    missing = [n for n in cpu_class.NAMES if n not in cpu_class.hardware_classes()]
+    name = missing[0] if missing else "avx3"
+    out = _run(["-m", "fusegraph", "--cpu-class", name, "bench", "gemm"])
+    assert out.returncode == 2
+    assert name in out.stderr and ("lacks" in out.stderr or "expected one of" in out.stderr), out.stderr
+    out = _run(["-m", "fusegraph", "--cpu-class", "avx2"])
+    assert out.returncode == 2 and "expected a class" in out.stderr, out.stderr
