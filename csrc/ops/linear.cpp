@@ -5,12 +5,16 @@
 // than oneDNN's brgemm matmul on the same weight (docs/BENCHMARKS.md, "GEMM kernels"). oneDNN is already in
 // every CPU build of torch (the `mkldnn` operators Inductor's freezing uses); its `_linear_pointwise` accepts the
 // module's own [N, K] weight, so no packed copy is made and an in-place weight edit is read by the next call.
-// The fusion pass decides where this op is used (fusegraph/fusion/patterns/linear.py); the op itself runs
-// anywhere: float32 CPU tensors through oneDNN when torch has it, everything else through at::linear.
+// bf16/fp16: where the CPU has no native 16-bit dot products (AVX2, AVX-512 without AVX512-BF16), ATen's 16-bit
+// matmul runs 2.7-4.2x slower than a float32 one; this op widens the operands and runs the float32 GEMM.
+// The fusion pass decides where this op is used (fusegraph/fusion/patterns/linear.py: a table measured per CPU
+// class); the op itself runs anywhere: float32, bf16 and fp16 CPU tensors through oneDNN when torch has it,
+// everything else through at::linear.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <optional>
 #include <string_view>
 
@@ -47,14 +51,41 @@ at::Tensor linear_reference(const at::Tensor& x, const at::Tensor& weight, const
   return out.copy_(at::linear(x, weight, bias));
 }
 
+// bf16/fp16 on a CPU class without native 16-bit dot products: the operands widened to float32 exactly, one
+// float32 GEMM (oneDNN), rounded once to the input dtype - the math of ATen's own 16-bit matmul (float32
+// accumulation), at float32 GEMM speed. The weight is widened a block of rows at a time (about 8 MiB of float32),
+// so no whole float32 copy of it is ever held.
+at::Tensor linear_widened(const at::Tensor& x_in, const at::Tensor& w_in, const std::optional<at::Tensor>& bias_in,
+                          const c10::TypedOperatorHandle<LinearPointwise>& onednn) {
+  const std::vector<int64_t> sizes = linear_out_sizes(x_in, w_in);
+  const int64_t n = w_in.size(0), k = w_in.size(1);
+  const at::Tensor x = x_in.reshape({-1, k}).to(at::kFloat).contiguous();
+  const int64_t m = x.size(0);
+  const at::Tensor w = w_in.contiguous();
+  const int64_t block = std::min<int64_t>(n, std::max<int64_t>(64, ((int64_t{8} << 20) / (k * 4) + 63) / 64 * 64));
+  at::Tensor acc = at::empty({m, n}, x.options());
+  for (int64_t j = 0; j < n; j += block) {
+    const int64_t len = std::min(block, n - j);
+    const at::Tensor wb = w.narrow(0, j, len).to(at::kFloat);
+    acc.narrow(1, j, len).copy_(onednn.call(x, wb, std::nullopt, "none", c10::List<std::optional<at::Scalar>>(),
+                                            std::string_view("")));
+  }
+  if (bias_in.has_value() && bias_in->defined()) acc.add_(bias_in->to(at::kFloat));
+  at::Tensor out = new_output(sizes, x_in.options());
+  return out.copy_(acc.view(sizes));
+}
+
 at::Tensor linear_cpu(const at::Tensor& x_in, const at::Tensor& w_in, const std::optional<at::Tensor>& bias_in) {
   check_gemv_args(x_in, w_in, bias_in, kOp);
   const auto& onednn = onednn_linear();
   const std::vector<int64_t> sizes = linear_out_sizes(x_in, w_in);
-  if (x_in.scalar_type() != at::kFloat || !onednn.has_value() || x_in.numel() == 0 || x_in.size(-1) == 0 ||
-      w_in.size(0) == 0) {
+  if (!onednn.has_value() || x_in.numel() == 0 || x_in.size(-1) == 0 || w_in.size(0) == 0) {
     return linear_reference(x_in, w_in, bias_in);
   }
+  if (x_in.scalar_type() == at::kBFloat16 || x_in.scalar_type() == at::kHalf) {
+    return linear_widened(x_in, w_in, bias_in, *onednn);
+  }
+  if (x_in.scalar_type() != at::kFloat) return linear_reference(x_in, w_in, bias_in);
   // oneDNN writes a fresh contiguous [M, N] (its own allocation: nothing here to poison) from x as contiguous
   // rows [M, K] and the weight's contiguous [N, K].
   const at::Tensor x = x_in.reshape({-1, x_in.size(-1)}).contiguous();
