@@ -17,9 +17,13 @@ its output written out for its consumers). On the zoo that cost ~5 us per site o
 (PRX: 6 small rope/gelu sites predicted 1.35-1.48x faster cost 28 us per call in the model; HiDream: 4 rope sites,
 ~25 us), more than a small site can save, so a ratio alone kept sites that lost. The
 measurements come from ``python -m fusegraph bench calibrate`` (``calibrate`` here), which writes them to the cache
-directory; a table measured on the development machine ships with the package (``cost_cpu.json``) and is used
-until the user calibrates their own. A device without a table (CUDA/NPU until calibrated there) keeps every fused
-op, the behaviour before this choice existed.
+directory; tables measured on the development machine ship with the package (``cost_cpu.json``) and are used
+until the user calibrates their own. On CPU the tables are kept per CPU class (``cpu@<vendor/class>``,
+``_core.cpu_class``: the fused kernels and Inductor's code both change with the vector ISA); the development
+machine's narrower classes are measured by emulation (``python -m fusegraph --cpu-class avx2 bench calibrate``). A
+CPU class without a table gets the least favourable prediction over the classes measured: a site stays fused only
+where the fused op won on every one of them. A device without a table (CUDA/NPU until calibrated there) keeps every
+fused op, the behaviour before this choice existed.
 """
 from __future__ import annotations
 
@@ -36,7 +40,7 @@ import torch
 import torch.fx
 
 from .._core.measure import paired_medians, sync_for
-from .._core import cache
+from .._core import cache, cpu_class
 from .._core.cache import number, read_json
 from .patterns import BY_NAME, FAMILIES, PATTERN_NAMES
 from .patterns._family import overload
@@ -161,6 +165,10 @@ def lower(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
 
 
 def _device_key(device: torch.device) -> str:
+    """The key a device's measurements are kept under: ``cpu@<vendor/class>`` on CPU (``_core.cpu_class``: what is
+    faster differs between CPU classes), the device type elsewhere."""
+    if device.type == "cpu":
+        return f"cpu@{cpu_class.key()}"
     return device.type
 
 
@@ -223,9 +231,28 @@ class CostModel:
                 threads: Optional[int] = None) -> tuple:
         """(t(Inductor) / t(fused), the fused op's time in microseconds) for one site; (None, None) when nothing
         was measured, the time None when the table has ratios only."""
-        per_device = self.tables.get(_device_key(device))
-        if not per_device:
+        candidates = self._tables_for(device)
+        if not candidates:
             return None, None
+        # a class with no table of its own: the least favourable prediction over every class measured, so a site
+        # stays fused only where the fused op won on each of them
+        return min((self._predict(t, family, dtype, numel, threads) for t in candidates),
+                   key=lambda p: (p[0] is None, p[0] if p[0] is not None else 0.0))
+
+    def _tables_for(self, device: torch.device) -> list:
+        """The per-thread tables that answer for ``device``: its class's own; else a table kept under the bare
+        device type (a calibration from before classes, this machine's); else, on CPU, every class's."""
+        key = _device_key(device)
+        if self.tables.get(key):
+            return [self.tables[key]]
+        if self.tables.get(device.type):
+            return [self.tables[device.type]]
+        if device.type == "cpu":
+            return [t for k, t in sorted(self.tables.items()) if k.startswith("cpu@") and t]
+        return []
+
+    @staticmethod
+    def _predict(per_device: dict, family: str, dtype: torch.dtype, numel: int, threads: Optional[int]) -> tuple:
         threads = torch.get_num_threads() if threads is None else threads
         key = min(per_device, key=lambda k: (abs(int(k) - threads), int(k)))  # nearest measured thread count
         points = per_device[key].get(family, {}).get(str(dtype).replace("torch.", ""))
@@ -295,7 +322,7 @@ def _decide(node: torch.fx.Node) -> tuple:
     if ratio is None:
         return True, None, None
     saved = None if fused_us is None else (ratio - 1) * fused_us
-    keep = ratio >= 1 + MARGIN and (saved is None or saved >= CONTEXT_US.get(_device_key(device), 0.0))
+    keep = ratio >= 1 + MARGIN and (saved is None or saved >= CONTEXT_US.get(device.type, 0.0))
     return keep, ratio, saved
 
 
@@ -427,7 +454,8 @@ def calibrate(device="cpu", dtypes=(torch.float32, torch.bfloat16, torch.float16
 
 
 def save_calibration(result: dict, path: Optional[str] = None) -> str:
-    """Merges a ``calibrate`` result into the calibration file (per device and thread count) and returns its path."""
+    """Merges a ``calibrate`` result into the calibration file (per device or CPU class, and thread count) and
+    returns its path."""
     path = path or calibration_path()
     data = read_json(path, _checked_table) or {"version": TABLE_VERSION, "tables": {}, "meta": {}}
     for dev, per_threads in result.items():  # merged per family and dtype: a partial calibration keeps the rest
@@ -437,8 +465,12 @@ def save_calibration(result: dict, path: Optional[str] = None) -> str:
             table = data["tables"].setdefault(dev, {}).setdefault(threads, {})
             for family, per_dtype in families.items():
                 table.setdefault(family, {}).update(per_dtype)
-    data["meta"] = {"torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
-                    "overhead_us": result.get("_overhead_us")}
+    meta = data.get("meta") if isinstance(data.get("meta"), dict) and "torch" not in data["meta"] else {}
+    for dev in result:  # per table key (one CPU class each): what measured it
+        if not dev.startswith("_"):
+            meta[dev] = {"torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
+                         "overhead_us": result.get("_overhead_us")}
+    data["meta"] = meta
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:

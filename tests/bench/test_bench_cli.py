@@ -183,7 +183,10 @@ def test_bench_calibrate_writes_a_table_the_cost_model_reads(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "gelu" in out and "ratio" in out
     data = json.loads(path.read_text())
-    points = data["tables"]["cpu"]["1"]["gelu"]["float32"]
+    from fusegraph._core import cpu_class
+
+    assert list(data["tables"]) == [f"cpu@{cpu_class.key()}"]  # kept under this CPU class
+    points = data["tables"][f"cpu@{cpu_class.key()}"]["1"]["gelu"]["float32"]
     assert [p[0] for p in points] == [10.0, 14.0] and all(r > 0 and us > 0 for _, r, us in points)
     model = CostModel(data["tables"], str(path))
     ratio, fused_us = model.predict("gelu", torch.device("cpu"), torch.float32, 2 ** 12, threads=1)

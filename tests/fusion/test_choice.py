@@ -92,6 +92,28 @@ def test_cost_model_interpolates_in_log_size_and_clamps():
     assert model.ratio("gelu", torch.device("cuda"), torch.float32, 2 ** 13) is None  # no table: keep fused
 
 
+def test_cost_model_reads_the_table_of_the_cpu_class(monkeypatch):
+    """CPU tables are kept per class: this class's own answers; a class with none gets the least favourable
+    prediction of the classes measured (fused only where it won on each); a table under the bare "cpu" key (a
+    calibration from before classes) answers for this machine."""
+    from fusegraph._core import cpu_class
+
+    tables = {"cpu@V/fast": {"1": {"gelu": {"float32": [[10, 3.0, 1.0], [16, 3.0, 64.0]]}}},
+              "cpu@V/slow": {"1": {"gelu": {"float32": [[10, 0.8, 2.0], [16, 0.8, 128.0]]},
+                                   "rope": {"float32": [[10, 2.0, 1.0], [16, 2.0, 64.0]]}}}}
+    cpu = torch.device("cpu")
+    for key, gelu in (("V/fast", (3.0, 64.0)), ("V/slow", (0.8, 128.0)), ("W/unmeasured", (0.8, 128.0))):
+        monkeypatch.setattr(cpu_class, "key", lambda k=key: k)
+        assert CostModel(tables, "test").predict("gelu", cpu, torch.float32, 2 ** 16, threads=1) == gelu, key
+    # rope measured on one class only: an unmeasured class takes that one's answer (the others say nothing)
+    assert CostModel(tables, "test").ratio("rope", cpu, torch.float32, 2 ** 16, threads=1) == 2.0
+    legacy = dict(tables, cpu={"1": {"gelu": {"float32": [[10, 5.0]]}}})
+    assert CostModel(legacy, "test").ratio("gelu", cpu, torch.float32, 2 ** 10, threads=1) == 5.0
+    monkeypatch.setattr(cpu_class, "key", lambda: "V/fast")
+    assert CostModel(legacy, "test").ratio("gelu", cpu, torch.float32, 2 ** 10, threads=1) == 3.0
+    assert choice._device_key(cpu) == "cpu@V/fast" and choice._device_key(torch.device("cuda")) == "cuda"
+
+
 def test_cost_model_interpolates_the_fused_time_in_log_log():
     model = CostModel({"cpu": {"1": {"gelu": {"float32": [[10, 0.5, 2.0], [16, 2.0, 128.0]]}}}}, "test")
     cpu = torch.device("cpu")
@@ -130,20 +152,21 @@ def test_a_site_must_save_context_us_to_stay_fused(monkeypatch):
 
 
 def test_shipped_table_covers_every_family_and_dtype():
-    """Every family the choice weighs has a table; the others (kv_attention, gemv, linear: extern calls replaced
-    by ours) are not in CALIBRATED."""
+    """Every CPU class shipped has a table for every family the choice weighs, in every dtype; the others
+    (kv_attention, gemv, linear: extern calls replaced by ours) are not in CALIBRATED."""
     with open(choice._SHIPPED) as f:
         data = json.load(f)
     assert data["version"] == choice.TABLE_VERSION
-    per_threads = data["tables"]["cpu"]
-    assert "1" in per_threads
     assert set(choice.CALIBRATED) <= set(fusegraph.stats.PATTERN_NAMES)
     assert set(fusegraph.stats.PATTERN_NAMES) - set(choice.CALIBRATED) == {"kv_attention", "gemv", "linear"}
-    for family in choice.CALIBRATED:
-        for dtype in ("float32", "bfloat16", "float16"):
-            points = per_threads["1"][family][dtype]
-            assert len(points) >= 3 and all(len(p) == 3 and p[1] > 0 and p[2] > 0 for p in points)  # x, ratio, us
-            assert [p[0] for p in points] == sorted(p[0] for p in points)
+    assert "cpu@AuthenticAMD/avx512_bf16" in data["tables"] and all(k.startswith("cpu@") for k in data["tables"])
+    for key, per_threads in data["tables"].items():
+        assert "1" in per_threads and key in data["meta"], key
+        for family in choice.CALIBRATED:
+            for dtype in ("float32", "bfloat16", "float16"):
+                points = per_threads["1"][family][dtype]
+                assert len(points) >= 3 and all(len(p) == 3 and p[1] > 0 and p[2] > 0 for p in points), (key, family)
+                assert [p[0] for p in points] == sorted(p[0] for p in points)
 
 
 class _Block(torch.nn.Module):
