@@ -6,7 +6,8 @@
 // every CPU build of torch (the `mkldnn` operators Inductor's freezing uses); its `_linear_pointwise` accepts the
 // module's own [N, K] weight, so no packed copy is made and an in-place weight edit is read by the next call.
 // bf16/fp16: where the CPU has no native 16-bit dot products (AVX2, AVX-512 without AVX512-BF16), ATen's 16-bit
-// matmul runs 2.7-4.2x slower than a float32 one; this op widens the operands and runs the float32 GEMM.
+// matmul runs 2.2-17x slower than widening to float32 (BENCHMARKS §1.3); this op widens the operands and runs the
+// float32 GEMM.
 // The fusion pass decides where this op is used (fusegraph/fusion/patterns/linear.py: a table measured per CPU
 // class); the op itself runs anywhere: float32, bf16 and fp16 CPU tensors through oneDNN when torch has it,
 // everything else through at::linear.

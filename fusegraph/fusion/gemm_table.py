@@ -8,7 +8,8 @@ accumulation as ATen's 16-bit matmul):
 - float32: MKL picks its code paths by vendor and ISA; on AMD with AVX-512 its sgemm is 2.1-2.4x slower than
   oneDNN's, on AVX2 level with it.
 - bf16 / fp16: without native 16-bit dot products (AVX2, AVX-512 without AVX512-BF16) ATen's 16-bit matmul is
-  2.7-4.2x slower than widening and running the float32 GEMM; with them (AVX512-BF16, AMX) it is the faster one.
+  2.2-17x slower than widening and running the float32 GEMM (BENCHMARKS §1.3); with them (AVX512-BF16, AMX) it
+  is the faster one.
 
 The choice comes from a table measured per CPU class (``vendor/class`` key: ``AuthenticAMD/avx2``...):
 ``measure()`` times both kernels at the published models' GEMM shapes and picks ``fused`` only where it is faster at

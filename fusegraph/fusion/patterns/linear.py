@@ -5,7 +5,7 @@ than ``gemv.MAX_ROWS`` rows, at least ``MIN_MACS`` multiply-adds, CPU, float32 /
 Why: the kernel eager PyTorch calls is not the fastest on every CPU (``fusegraph.fusion.gemm_table``). float32:
 ATen's addmm is MKL's sgemm, which picks its code by vendor; on AMD with AVX-512 it runs 2.1-2.4x slower than
 oneDNN's brgemm on the same weight (linears are 96 % of FLUX.1's float32 time). bf16/fp16: on a CPU class without
-native 16-bit dot products (AVX2, AVX-512 without AVX512-BF16) ATen's 16-bit matmul is 2.7-4.2x slower than
+native 16-bit dot products (AVX2, AVX-512 without AVX512-BF16) ATen's 16-bit matmul is 2.2-17x slower than
 widening the operands and running the float32 GEMM, which ``fusegraph.linear`` does a block of weight rows at a time
 (no float32 copy of the weight is kept). Small products stay with addmm (oneDNN's call costs ~15 us more than
 MKL's: below 2^20 multiply-adds the measured ratio falls under 1.15x), few-row ones go to gemv.
