@@ -53,27 +53,27 @@ at::Tensor linear_reference(const at::Tensor& x, const at::Tensor& weight, const
 }
 
 // bf16/fp16 on a CPU class without native 16-bit dot products: the operands widened to float32 exactly, one
-// float32 GEMM (oneDNN), rounded once to the input dtype - the math of ATen's own 16-bit matmul (float32
-// accumulation), at float32 GEMM speed. The weight is widened a block of rows at a time (about 8 MiB of float32),
-// so no whole float32 copy of it is ever held.
+// float32 GEMM (oneDNN) per block of weight rows with its bias, rounded once to the input dtype - the math of ATen's
+// own 16-bit matmul (float32 accumulation), at float32 GEMM speed. A block is about 4 MiB of float32 weight rows,
+// and each block's result is written straight into its columns of the output: no float32 copy of the weight, nor
+// of the output, is held.
 at::Tensor linear_widened(const at::Tensor& x_in, const at::Tensor& w_in, const std::optional<at::Tensor>& bias_in,
                           const c10::TypedOperatorHandle<LinearPointwise>& onednn) {
   const std::vector<int64_t> sizes = linear_out_sizes(x_in, w_in);
   const int64_t n = w_in.size(0), k = w_in.size(1);
   const at::Tensor x = x_in.reshape({-1, k}).to(at::kFloat).contiguous();
-  const int64_t m = x.size(0);
   const at::Tensor w = w_in.contiguous();
-  const int64_t block = std::min<int64_t>(n, std::max<int64_t>(64, ((int64_t{8} << 20) / (k * 4) + 63) / 64 * 64));
-  at::Tensor acc = at::empty({m, n}, x.options());
+  const bool has_bias = bias_in.has_value() && bias_in->defined();
+  const int64_t block = std::min<int64_t>(n, std::max<int64_t>(64, ((int64_t{4} << 20) / (k * 4) + 63) / 64 * 64));
+  at::Tensor out = new_output({x.size(0), n}, x_in.options());
   for (int64_t j = 0; j < n; j += block) {
     const int64_t len = std::min(block, n - j);
-    const at::Tensor wb = w.narrow(0, j, len).to(at::kFloat);
-    acc.narrow(1, j, len).copy_(onednn.call(x, wb, std::nullopt, "none", c10::List<std::optional<at::Scalar>>(),
-                                            std::string_view("")));
+    std::optional<at::Tensor> bias;
+    if (has_bias) bias = bias_in->narrow(0, j, len).to(at::kFloat).contiguous();
+    out.narrow(1, j, len).copy_(onednn.call(x, w.narrow(0, j, len).to(at::kFloat), bias, "none",
+                                            c10::List<std::optional<at::Scalar>>(), std::string_view("")));
   }
-  if (bias_in.has_value() && bias_in->defined()) acc.add_(bias_in->to(at::kFloat));
-  at::Tensor out = new_output(sizes, x_in.options());
-  return out.copy_(acc.view(sizes));
+  return out.view(sizes);
 }
 
 at::Tensor linear_cpu(const at::Tensor& x_in, const at::Tensor& w_in, const std::optional<at::Tensor>& bias_in) {

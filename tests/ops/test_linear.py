@@ -10,7 +10,7 @@ from tests.helpers import DTYPES, assert_close_to_reference, assert_error_names,
 op = fusegraph.ops.linear
 
 # (M, N, K, bias): odd sizes, the pass's smallest site (9 rows, 2^20 multiply-adds), a FLUX.1-width slice, and a
-# weight of more than one widened block (8 MiB of float32 rows: 704 rows at K = 3072) with a partial last block
+# weight of more than one widened block (4 MiB of float32 rows: 384 rows at K = 3072) with a partial last block
 SHAPES = [(9, 1024, 128, True), (37, 129, 257, False), (300, 513, 300, True), (64, 3072, 160, True),
           (1, 7, 5, True), (320, 48, 3072, False), (12, 1500, 3072, True)]
 
