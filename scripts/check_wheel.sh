@@ -44,7 +44,7 @@ say "installed into $WORK/venv"
 run_checks() {
   mkdir -p "$WORK/elsewhere"
   (cd "$WORK/elsewhere" && "$VPY" "$REPO/scripts/packaging/smoke.py" "$REPO" &&
-     "$VPY" -m fusegraph --help | grep -q "usage: python -m fusegraph demo")
+     "$VPY" -m fusegraph --help | grep -q "usage: python -m fusegraph .*demo")
   say "$1: smoke checks and python -m fusegraph --help passed"
 }
 run_checks "wheel"
