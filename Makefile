@@ -82,12 +82,15 @@ wheel: $(DEPS_STAMP)
 wheel-check: $(DEPS_STAMP)
 	PYTHON=$(abspath $(PY)) scripts/check_wheel.sh
 
-# The GPU machine has no network: scripts/device_check.sh installs diffusers from this folder, and builds the
-# fusegraph wheel there with the carried build backend (scikit-build-core and its dependencies).
-pin = "$(1)==$$(sed -n 's/^$(1)==//p' requirements.txt)"
+# The GPU machine has no network (and Python 3.12): scripts/device_check.sh installs what it lacks of diffusers,
+# pytest and pytest-xdist (and their dependencies, at requirements.txt's pins) from this folder into a venv over the
+# machine's own packages, and can build the fusegraph wheel there with the carried scikit-build-core.
+DEVICE_PY ?= 3.12
 device-wheels: $(DEPS_STAMP)
-	$(PY) -m pip download --quiet --no-deps --dest wheels $(call pin,diffusers) $(call pin,scikit-build-core) \
-	  $(call pin,pathspec) $(call pin,packaging)
+	mkdir -p wheels && grep -v '^torch==' requirements.txt > wheels/constraints.txt
+	$(PY) -m pip download --quiet --dest wheels --python-version $(DEVICE_PY) --only-binary=:all: \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	  -c wheels/constraints.txt diffusers pytest pytest-xdist scikit-build-core
 
 clean:
 	rm -rf $(BUILD_DIR) dist fusegraph/_C*.so fusegraph/libfusegraph_ops.so

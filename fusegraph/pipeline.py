@@ -296,7 +296,12 @@ def _dense_order(shape, stride):
     out in that order — each stride the product of the sizes of the dims before it in the order — else None.
     The order comes from the strides' hints (ties: the size-1 dim first, as TensorIterator orders them); the
     strides are then checked symbolically, so the order only has to be found, not trusted."""
-    from torch.fx.experimental.symbolic_shapes import optimization_hint, statically_known_true
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    try:
+        from torch.fx.experimental.symbolic_shapes import optimization_hint
+    except ImportError:  # torch <= 2.11
+        from torch.fx.experimental.symbolic_shapes import size_hint as optimization_hint
 
     try:
         hints = [(optimization_hint(st), optimization_hint(sz)) for st, sz in zip(stride, shape)]

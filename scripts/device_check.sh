@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
 # Device check, one call on a GPU machine (no network): build fusegraph._C with CUDA against the
-# installed torch (or install a fusegraph wheel: FG_WHEEL below), run the C++ tests, the op tests (CUDA and
-# CPU), the graph-runtime tests, the decode and op benchmarks on CUDA, the NCCL multi-process check
-# (scripts/nccl_check.py), and the fusion tests on that machine's torch.
+# installed torch (or install a fusegraph wheel: FG_WHEEL below), then, most telling first: the CUDA op tests,
+# the kernels timed against a copy of their bytes, whole models on CUDA on every route (tests/test_cuda_models.py,
+# the CUDA-graph driver tests), FLUX.1 at its published width on the GPU (`bench real --device cuda`: eager,
+# Inductor, Inductor's CUDA graphs, fusegraph, fusegraph's CUDA graphs), fused AOT packages, the decode and op
+# benchmarks, the NCCL multi-process check (scripts/nccl_check.py), the C++ tests, the CUDA cost table
+# (`bench calibrate`), and the CPU-side op, graph and fusion tests on that machine's torch. Steps that do not fit
+# in the budget are skipped and listed.
 # Usage (repo root):  OUT=/some/dir scripts/device_check.sh     (OUT defaults to ./out)
+# STEPS (default: all): comma-separated step names to run (e.g. STEPS=calibrate,fusion_tests for a second call on
+#   a machine still warm; the build is incremental then).
+# Carry `wheels` (`make device-wheels`): diffusers, pytest, pytest-xdist and their dependencies for Python 3.12;
+#   what the machine's python lacks of them is installed from there into a venv over its own packages.
 # FG_WHEEL (default auto): where fusegraph._C comes from.
 #   auto   a fusegraph wheel in wheels/ that fits this python and torch (scripts/packaging/pick_wheel.py), else
 #          the direct CMake build into $BUILD_DIR (with the C++ tests) as without a wheel
@@ -24,6 +32,8 @@ BUILD_DIR="${BUILD_DIR:-build-cuda}"
 JOBS="${JOBS:-$(nproc)}"
 START=$(date +%s)
 BUDGET_S="${BUDGET_S:-470}"  # all steps together; each step's timeout is cut to what is left
+STEPS="${STEPS:-}"
+XDIST=()
 declare -a SUMMARY=()
 STATUS=0
 
@@ -31,6 +41,9 @@ STATUS=0
 step() {
   local name="$1" limit="$2"
   shift 2
+  case "$name" in configure|build|has_cuda|wheel_*) ;;  # always: what the other steps need (incremental)
+    *) if [ -n "$STEPS" ] && [[ ",$STEPS," != *",$name,"* ]]; then return 0; fi ;;
+  esac
   local t0=$(date +%s)
   local left=$(( START + BUDGET_S - t0 ))
   if [ "$left" -lt 15 ]; then
@@ -66,6 +79,36 @@ EOF
   nvidia-smi || echo "nvidia-smi not available"
   cmake --version | head -1; command -v ninja && ninja --version
 } 2>&1 | tee "$OUT/env.log"
+
+# ---- python packages the machine lacks (no network): from the carried wheels/ into a venv over its own ----
+if [ -d wheels ] && ls wheels/*.whl >/dev/null 2>&1; then
+  MISSING=()
+  for mod in diffusers:diffusers pytest:pytest xdist:pytest-xdist; do
+    "$PY" -c "import ${mod%%:*}" 2>/dev/null || MISSING+=("${mod#*:}")
+  done
+  if [ "${#MISSING[@]}" -gt 0 ]; then
+    VENV="$(mktemp -d)/venv"
+    if "$PY" -m venv --system-site-packages "$VENV" >>"$OUT/env.log" 2>&1 &&
+       "$VENV/bin/python" -m pip install --quiet --no-index --find-links wheels "${MISSING[@]}" >>"$OUT/env.log" 2>&1 &&
+       "$VENV/bin/python" -c "import torch" 2>>"$OUT/env.log"; then
+      echo "installed from wheels/ into $VENV (over the machine's packages): ${MISSING[*]}" | tee -a "$OUT/env.log"
+      PY="$VENV/bin/python"
+    else  # no venv module: diffusers alone, without its dependencies, on PYTHONPATH (as before)
+      echo "venv failed (env.log): diffusers from wheels/ on PYTHONPATH only" | tee -a "$OUT/env.log"
+      DIFFUSERS_DIR="$(mktemp -d)"
+      "$PY" -m pip install --quiet --no-deps --no-index --target "$DIFFUSERS_DIR" wheels/diffusers-*.whl &&
+        export PYTHONPATH="$DIFFUSERS_DIR${PYTHONPATH:+:$PYTHONPATH}"
+    fi
+  fi
+fi
+"$PY" -c "import xdist" 2>/dev/null && XDIST=(-n 8)
+"$PY" -c "
+for m in ('diffusers', 'pytest', 'xdist'):
+    try:
+        print(m, getattr(__import__(m), '__version__', '?'))
+    except Exception as e:
+        print(m, 'missing:', type(e).__name__, e)
+" 2>&1 | tee -a "$OUT/env.log"
 
 # nvcc: CUDA_HOME, /usr/local/cuda, PATH, then the usual install folders.
 NVCC=""
@@ -145,24 +188,11 @@ assert fusegraph._C.has_cuda_kernels(), 'fusegraph._C was built without CUDA ker
 assert torch.cuda.is_available(), 'torch sees no CUDA device'
 print('fusegraph CUDA kernels: yes')"
 
-# ---- tests ----
-if [ -n "$WHEEL" ]; then
-  skip cpp_tests "_C from the wheel, which has no GoogleTest build (FG_WHEEL=off for the C++ tests)"
-elif [ "$HAVE_GTEST" = 1 ]; then
-  step cpp_tests 60 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS"
-else
-  skip cpp_tests "no GoogleTest (libgtest.a) on this machine"
-fi
-step cuda_tests 150 "$PY" -m pytest tests/ops/test_cuda_ops.py -q -p no:cacheprovider --durations=10 -rs
-# Graph runtime on CUDA: CUDA-graph driver tests (and the host-graph/NPU stand-in tests, on this torch).
-step graph_tests 120 "$PY" -m pytest tests/graph -q -p no:cacheprovider -rs
-step bench_decode 90 "$PY" -m fusegraph bench decode --device cuda --dtype bfloat16
-# Fused AOTInductor packages made and run on CUDA (GUIDE §2.8): correctness, build/load time, steady speed.
-step aot_cuda 150 "$PY" scripts/aot_device_check.py --device cuda "$OUT/aot_cuda.json"
-step op_tests 120 "$PY" -m pytest tests/ops -q -p no:cacheprovider --ignore=tests/ops/test_cuda_ops.py -rs
+# ---- tests and benchmarks, most telling first ----
+step cuda_tests 150 "$PY" -m pytest tests/ops/test_cuda_ops.py -q -p no:cacheprovider --durations=10 -rs ${XDIST[@]+"${XDIST[@]}"}
 
 # ---- quick kernel timing (independent of the bench CLI): fused op vs eager vs a copy of the same bytes ----
-step cuda_timing 90 "$PY" - "$OUT/cuda_kernel_timing.json" <<'PYEOF'
+step cuda_timing 60 "$PY" - "$OUT/cuda_kernel_timing.json" <<'PYEOF'
 import json, sys
 import torch
 import torch.nn.functional as F
@@ -227,36 +257,49 @@ json.dump(dict(device=torch.cuda.get_device_name(0), torch=torch.__version__,
                shapes=dict(B=B, S=S, D=D, H=H, HD=HD), results=results), open(sys.argv[1], "w"), indent=1)
 PYEOF
 
-# ---- benchmarks and the fusion passes on this machine's torch (2.11) ----
-step bench_ops 90 "$PY" -m fusegraph bench ops --device cuda --json "$OUT/bench_ops_cuda.json"
-# the per-site choice's table for this GPU (fused op vs Triton code for the site), and the decode-like block
-step calibrate 150 "$PY" -m fusegraph bench calibrate --device cuda --families rms_norm,adaln,rope,gelu,mul_add \
-  --dtypes bf16 --out "$OUT/cost_cuda.json"
-step bench_decode_mlp 90 "$PY" -m fusegraph bench model --model decode_mlp --device cuda --reps 100
-# diffusers is not installed there: `make device-wheels` downloads its wheel into wheels/ here; carry it
-# (run's carry=["wheels"]) and it is unpacked into a temporary folder on PYTHONPATH (no network needed).
-if ! "$PY" -c "import diffusers" 2>/dev/null && ls wheels/diffusers-*.whl >/dev/null 2>&1; then
-  DIFFUSERS_DIR="$(mktemp -d)"
-  "$PY" -m pip install --quiet --no-deps --no-index --target "$DIFFUSERS_DIR" wheels/diffusers-*.whl &&
-    export PYTHONPATH="$DIFFUSERS_DIR${PYTHONPATH:+:$PYTHONPATH}"
-fi
+# whole models on CUDA on every route, and the CUDA-graph driver
+step cuda_models 180 "$PY" -m pytest tests/test_cuda_models.py tests/graph/test_cuda_driver.py -q -p no:cacheprovider \
+  --durations=10 -rs ${XDIST[@]+"${XDIST[@]}"}
+# FLUX.1 at its published width (hidden 3072, 1 double + 1 single block) at 1024x1024 (4096 image + 512 text tokens)
+step bench_real_cuda 200 "$PY" -m fusegraph bench real --device cuda --model flux --dtype bf16 --tokens 4096,512 \
+  --variants "eager;inductor;inductor_cudagraphs;fusegraph;fusegraph:mode=reduce-overhead" --interleave 20 \
+  --interleave-only --json "$OUT/bench_real_cuda_flux.json"
+# Fused AOTInductor packages made and run on CUDA (GUIDE §2.8): correctness, build/load time, steady speed.
+step aot_cuda 120 "$PY" scripts/aot_device_check.py --device cuda "$OUT/aot_cuda.json"
+step bench_decode 60 "$PY" -m fusegraph bench decode --device cuda --dtype bfloat16
+step bench_ops 60 "$PY" -m fusegraph bench ops --device cuda --json "$OUT/bench_ops_cuda.json"
+step bench_decode_mlp 60 "$PY" -m fusegraph bench model --model decode_mlp --device cuda --reps 100
 # ---- multi-process (issue #9): NCCL, CUDA graphs with collectives inside, every rank capturing the same graph ----
 # 2 ranks when there are >= 2 GPUs; with 1 GPU the NCCL path runs with world size 1 (said in the log).
 NGPU="$("$PY" -c "import torch; print(min(2, torch.cuda.device_count()))" 2>/dev/null || echo 0)"
 if [ "$NGPU" -ge 1 ]; then
   [ "$NGPU" -ge 2 ] || echo "nccl: one GPU: running the NCCL path with world size 1" | tee -a "$OUT/env.log"
-  step nccl 120 "$PY" -m torch.distributed.run --standalone --nproc-per-node "$NGPU" scripts/nccl_check.py
+  step nccl 90 "$PY" -m torch.distributed.run --standalone --nproc-per-node "$NGPU" scripts/nccl_check.py
 else
   skip nccl "no CUDA device"
 fi
-step fusion_tests 150 "$PY" -m pytest tests/fusion tests/backend -q -p no:cacheprovider -rs
+if [ -n "$WHEEL" ]; then
+  skip cpp_tests "_C from the wheel, which has no GoogleTest build (FG_WHEEL=off for the C++ tests)"
+elif [ "$HAVE_GTEST" = 1 ]; then
+  step cpp_tests 60 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS"
+else
+  skip cpp_tests "no GoogleTest (libgtest.a) on this machine"
+fi
+# the per-site choice's table for this GPU (fused op vs Triton code for the site)
+step calibrate 150 "$PY" -m fusegraph bench calibrate --device cuda --families rms_norm,adaln,rope,gelu,mul_add \
+  --dtypes bf16 --out "$OUT/cost_cuda.json"
+# the CPU side on this machine's torch (the development machine runs them on its own torch)
+step graph_tests 120 "$PY" -m pytest tests/graph -q -p no:cacheprovider -rs ${XDIST[@]+"${XDIST[@]}"}
+step op_tests 120 "$PY" -m pytest tests/ops -q -p no:cacheprovider --ignore=tests/ops/test_cuda_ops.py -rs ${XDIST[@]+"${XDIST[@]}"}
+step fusion_tests 150 "$PY" -m pytest tests/fusion tests/backend -q -p no:cacheprovider -rs ${XDIST[@]+"${XDIST[@]}"}
 
 # ---- summary ----
 {
   echo "=== summary ($(( $(date +%s) - START ))s in all; logs in $OUT)"
   for line in "${SUMMARY[@]}"; do echo "  $line"; done
-  grep -hE "^(FAILED|ERROR) " "$OUT"/cuda_tests.log "$OUT"/graph_tests.log "$OUT"/op_tests.log "$OUT"/fusion_tests.log 2>/dev/null | head -40
-  for t in cuda_tests graph_tests op_tests fusion_tests; do
+  grep -hE "^(FAILED|ERROR) " "$OUT"/cuda_tests.log "$OUT"/cuda_models.log "$OUT"/graph_tests.log "$OUT"/op_tests.log \
+    "$OUT"/fusion_tests.log 2>/dev/null | head -40
+  for t in cuda_tests cuda_models graph_tests op_tests fusion_tests; do
     echo "  $t: $(grep -aE "[0-9]+ (passed|failed|skipped|errors?).* in [0-9.]+s" "$OUT/$t.log" 2>/dev/null | tail -1)"
   done
   [ "$STATUS" = 0 ] && echo "RESULT: all steps passed" || echo "RESULT: some steps failed"

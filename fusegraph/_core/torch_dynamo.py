@@ -3,6 +3,7 @@ switches and the counters fusegraph reads."""
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import threading
 
 import torch
@@ -59,9 +60,16 @@ def fx_tracing_window(kind: str):
         yield  # pragma: no cover - another torch's config layout: nothing to adjust
         return
     saved_default = force.default
-    tokens = []
-    if kind == "capture":  # this thread only (ContextVar), restored exactly with the tokens
-        tokens = [(force, force.user_override.set(False)), (nested, nested.user_override.set(False))]
+    tokens, saved = [], []
+    if kind == "capture":
+        if all(isinstance(e.user_override, contextvars.ContextVar) for e in (force, nested)):
+            # torch >= 2.12: this thread only (ContextVar), restored exactly with the tokens
+            tokens = [(force, force.user_override.set(False)), (nested, nested.user_override.set(False))]
+        else:  # torch 2.11 and older: a process-wide value; other threads' compiled calls in the window then
+            # run as their Python (uncompiled, correct), and the values are restored after it
+            saved = [(e, e.user_override) for e in (force, nested)]
+            for e, _ in saved:
+                e.user_override = False
     force.default = True
     try:
         yield
@@ -69,6 +77,8 @@ def fx_tracing_window(kind: str):
         force.default = saved_default
         for entry, token in reversed(tokens):
             entry.user_override.reset(token)
+        for entry, value in reversed(saved):
+            entry.user_override = value
 
 
 def recompile_limit(limit: int):

@@ -1,5 +1,5 @@
 """``python -m fusegraph bench real [--model flux|sd35|wan|hunyuan_video|ltx|qwenimage] [--dtype fp32|bf16]
-[--tokens IMG,TXT] [--layers N] [--variants A;B;...] [--reps N] [--threads N]
+[--tokens IMG,TXT] [--layers N] [--variants A;B;...] [--reps N] [--threads N] [--device cpu|cuda]
 [--interleave ROUNDS [--interleave-only]] [--json PATH]``
 
 Diffusion transformers at the widths users run: the published configs of FLUX.1-dev, Stable Diffusion 3.5 Large,
@@ -26,6 +26,12 @@ Variants:
 - ``openvino``: ``openvino.convert_model`` + ``compile_model`` on CPU (an optional benchmark dependency,
   ``pip install openvino``; the row says so when it is missing). Its bf16 row converts the same weights in fp32
   and runs with ``INFERENCE_PRECISION_HINT=bf16``, OpenVINO's own way to run bf16 on CPU.
+
+``--device cuda`` builds the model on the CPU (the same seeded weights) and moves it and its inputs to the GPU; each
+timed call ends with a device synchronisation, and "resident +" is then the GPU memory the compiled function holds
+(``torch.cuda.memory_reserved`` after its calls less before: its workspaces, CUDA-graph pools and weight copies).
+On CUDA ``inductor_cudagraphs`` adds Inductor's own CUDA graphs (``mode="reduce-overhead"``), and
+``fusegraph:mode=reduce-overhead`` fusegraph's (the compiled graph captured and replayed); ``openvino`` is CPU only.
 
 ``bench real --model flux`` is the weights benchmark of docs/BENCHMARKS.md §6 (FLUX.1 widths, 1 + 1 blocks).
 """
@@ -147,8 +153,10 @@ MODELS = {"flux": _flux, "sd35": _sd35, "wan": _wan, "hunyuan_video": _hunyuan_v
           "qwenimage": _qwenimage}
 
 
-def build(name: str, dtype, img_tokens: int = 256, txt_tokens: int = 64, layers: int = 1, seed: int = 0):
-    """(model, forward kwargs, width summary) of ``name`` at its published widths, eval mode, ``dtype``."""
+def build(name: str, dtype, img_tokens: int = 256, txt_tokens: int = 64, layers: int = 1, seed: int = 0,
+          device: str = "cpu"):
+    """(model, forward kwargs, width summary) of ``name`` at its published widths, eval mode, ``dtype``, on
+    ``device`` (built and seeded on the CPU, then moved: the same weights on every device)."""
     import diffusers
     import torch
 
@@ -164,7 +172,9 @@ def build(name: str, dtype, img_tokens: int = 256, txt_tokens: int = 64, layers:
     for k in ("img_ids", "txt_ids"):  # positions stay fp32, as the pipelines pass them
         if k in kw:
             kw[k] = kw[k].float()
-    return model.eval().to(dtype), dict(kw, return_dict=False), summary
+    if device != "cpu":
+        kw = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    return model.eval().to(device=device, dtype=dtype), dict(kw, return_dict=False), summary
 
 
 def build_flux_real(dtype, img_tokens: int, txt_tokens: int):
@@ -231,62 +241,96 @@ def _make_fn(model, inputs: dict, dtype, variant: str, threads: int, shared: boo
         return torch.compile(model)
     if variant == "inductor_tuned":
         return torch.compile(model, options={"freezing": True, "cpp_wrapper": True})
+    if variant == "inductor_cudagraphs":
+        return torch.compile(model, mode="reduce-overhead")
     if variant == "openvino":
         return _openvino(model, inputs, dtype, threads, restore=shared)
     if variant.split(":")[0] == "fusegraph":
         from fusegraph import Backend, CompilationConfig
 
-        return torch.compile(model, backend=Backend(CompilationConfig(**_overrides(variant.partition(":")[2]))))
+        overrides = _overrides(variant.partition(":")[2])
+        mode = overrides.pop("mode", None)  # fusegraph:mode=reduce-overhead, as torch.compile(mode=...) takes it
+        return torch.compile(model, backend=Backend(CompilationConfig(**overrides)), mode=mode)
     raise SystemExit(f"bench real: argument --variants: unknown variant {variant!r}")
 
 
+def _memory_mib(device: str) -> float:
+    """What the process holds: its resident set on the CPU, the caching allocator's reserve on a GPU."""
+    if device == "cpu":
+        return _rss_mib()
+    import torch
+
+    torch.cuda.synchronize()
+    return torch.cuda.memory_reserved() / 2**20
+
+
+def _timed(fn, inputs: dict, device: str) -> float:
+    """Seconds of one call of ``fn``, to the end of its device work."""
+    import torch
+
+    sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    fn(**inputs)
+    sync()
+    return time.perf_counter() - t0
+
+
 def run_variant(model_name: str, variant: str, dtype_name: str, img_tokens: int, txt_tokens: int, layers: int,
-                reps: int, threads: int) -> dict:
+                reps: int, threads: int, device: str = "cpu") -> dict:
     """One variant, in this process: the row's figures."""
     import torch
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
-    model, inputs, _ = build(model_name, dtype, img_tokens, txt_tokens, layers)
+    model, inputs, _ = build(model_name, dtype, img_tokens, txt_tokens, layers, device=device)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     warmup = 2
     with torch.no_grad():
         ref = model(**inputs)[0]  # eager's output first: the OpenVINO variant converts the model to fp32
-        rss0 = _rss_mib()
+        ref = ref.clone()  # (a CUDA-graph variant's output is overwritten by its next replay)
+        rss0 = _memory_mib(device)
         fn = _make_fn(model, inputs, dtype, variant, threads)
         t0 = time.perf_counter()
-        out = fn(**inputs)[0]
+        out = fn(**inputs)[0].clone()
+        if device != "cpu":
+            torch.cuda.synchronize()
         first = time.perf_counter() - t0
         for _ in range(warmup):
             fn(**inputs)
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn(**inputs)
-            times.append(time.perf_counter() - t0)
-        rss1 = _rss_mib()
-    return {"model": model_name, "variant": variant, "dtype": dtype_name, "weights_mib": weight_bytes / 2**20,
+        times = [_timed(fn, inputs, device) for _ in range(reps)]
+        rss1 = _memory_mib(device)
+    return {"model": model_name, "variant": variant, "dtype": dtype_name, "device": device,
+            "weights_mib": weight_bytes / 2**20,
             "resident_mib": rss1 - rss0, "first_s": first, "median_s": statistics.median(times),
             "max_diff": float((out.float() - ref.float()).abs().max()), "ref_max": float(ref.float().abs().max())}
 
 
 def run_interleaved(model_name: str, variants: list, dtype_name: str, img_tokens: int, txt_tokens: int,
-                    layers: int, rounds: int, threads: int) -> dict:
+                    layers: int, rounds: int, threads: int, device: str = "cpu") -> dict:
     """Every variant in this one process, on one model: each compiled and warmed (first call + 2; OpenVINO's
     conversion first), then ``rounds`` rounds calling each once, the order rotated by one every round, so that a
     change of the machine's load hits every variant alike. ``{"order": [[variant, ...] per round], "times_s": {variant: [s per round]},
-    "median_s": {variant: s}}``. OpenVINO's converted copy of the weights stays resident beside the model."""
+    "median_s": {variant: s}, "first_s": {variant: s}, "memory_mib": {variant: MiB}}``: ``first_s`` is each
+    variant's first call (its compile; the variants compile one after another in this process, so a later one may
+    find kernels an earlier one compiled), ``memory_mib`` what the process's memory grew by over the variant's
+    compile and first three calls (resident set; on CUDA the allocator's reserve). OpenVINO's converted copy of the
+    weights stays resident beside the model."""
     import torch
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
-    model, inputs, _ = build(model_name, dtype, img_tokens, txt_tokens, layers)
+    model, inputs, _ = build(model_name, dtype, img_tokens, txt_tokens, layers, device=device)
     fns = {}
     with torch.no_grad():
         model(**inputs)  # an eager call first, as in run_variant: it fills the model's caches (Qwen-Image's RoPE)
         # OpenVINO converts first, before any compile sees the model it casts to fp32 and back
+        first, memory = {}, {}
         for variant in sorted(variants, key=lambda v: v != "openvino"):
+            mem0 = _memory_mib(device)
             fn = _make_fn(model, inputs, dtype, variant, threads, shared=True)
-            for _ in range(3):
+            first[variant] = _timed(fn, inputs, device)
+            for _ in range(2):
                 fn(**inputs)
+            memory[variant] = _memory_mib(device) - mem0
             fns[variant] = fn
         times = {v: [] for v in variants}
         orders = []
@@ -295,10 +339,9 @@ def run_interleaved(model_name: str, variants: list, dtype_name: str, img_tokens
             order = variants[k:] + variants[:k]
             orders.append(order)
             for variant in order:
-                t0 = time.perf_counter()
-                fns[variant](**inputs)
-                times[variant].append(time.perf_counter() - t0)
-    return {"order": orders, "times_s": times, "median_s": {v: statistics.median(t) for v, t in times.items()}}
+                times[variant].append(_timed(fns[variant], inputs, device))
+    return {"order": orders, "times_s": times, "median_s": {v: statistics.median(t) for v, t in times.items()},
+            "first_s": first, "memory_mib": memory}
 
 
 def main(argv=None) -> int:
@@ -310,6 +353,9 @@ def main(argv=None) -> int:
     p.add_argument("--variants", default=";".join(DEFAULT_VARIANTS), help="';'-separated (default: %(default)s)")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the model runs (default cpu); cuda: timed to the end of the GPU's work, memory is "
+                        "the GPU's")
     p.add_argument("--json", default=None)
     p.add_argument("--warm", action="store_true",
                    help="also time the first call of a second process on the same cache (warm-cache compile)")
@@ -331,22 +377,28 @@ def main(argv=None) -> int:
         p.error(f"argument --interleave: expected 0 (off) or at least 2 rounds, got {args.interleave}")
     if args.interleave_only and not args.interleave:
         p.error("argument --interleave-only: needs --interleave ROUNDS")
+    variants = [v for v in args.variants.split(";") if v]
+    if args.device != "cpu" and "openvino" in variants:
+        if args.variants != ";".join(DEFAULT_VARIANTS):
+            p.error(f"argument --variants: openvino runs on the CPU only, not with --device {args.device}")
+        variants.remove("openvino")
     import torch
 
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("argument --device: cuda, but torch sees no CUDA device")
     torch.set_num_threads(args.threads)
     if args.one is not None:
         print(json.dumps(run_variant(args.model, args.one, args.dtype, img, txt, args.layers, args.reps,
-                                     args.threads)))
+                                     args.threads, args.device)))
         return 0
-    variants = [v for v in args.variants.split(";") if v]
     if args.together:
         print(json.dumps(run_interleaved(args.model, variants, args.dtype, img, txt, args.layers,
-                                         args.interleave, args.threads)))
+                                         args.interleave, args.threads, args.device)))
         return 0
     from .timing import machine_summary
 
     summary = MODELS[args.model](args.layers, img, txt, torch.Generator())[3]
-    print(f"{summary}; blocks x{args.layers}, {img}+{txt} tokens, {args.dtype}; {machine_summary()}")
+    print(f"{summary}; blocks x{args.layers}, {img}+{txt} tokens, {args.dtype}; {machine_summary(args.device)}")
     if not args.interleave_only:
         print(f"{'variant':40s} {'weights':>9s} {'resident +':>11s} {'% of w':>7s} {'first call':>11s} "
               f"{'median':>10s} {'vs inductor':>12s} {'max|diff|':>10s} {'/ max|out|':>10s}")
@@ -367,7 +419,7 @@ def main(argv=None) -> int:
             continue
         cmd = [sys.executable, "-m", "fusegraph", "bench", "real", "--one", variant, "--model", args.model,
                "--dtype", args.dtype, "--tokens", args.tokens, "--layers", str(args.layers), "--reps",
-               str(args.reps), "--threads", str(args.threads)]
+               str(args.reps), "--threads", str(args.threads), "--device", args.device]
         cache = tempfile.mkdtemp(prefix="fusegraph_bench_real_")  # cold: every variant compiles from nothing
         try:
             venv = dict(env, TORCHINDUCTOR_CACHE_DIR=cache)
@@ -399,7 +451,7 @@ def main(argv=None) -> int:
         interleaved = _interleave_process(args, ran, env)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"machine": machine_summary(), "model": args.model, "tokens": [img, txt],
+            json.dump({"machine": machine_summary(args.device), "device": args.device, "model": args.model, "tokens": [img, txt],
                        "layers": args.layers, "rows": rows, "interleaved": interleaved}, f, indent=1)
     complete = len(ran) == len(variants) if args.interleave_only else len(rows) == len(variants)
     return 0 if complete and (not args.interleave or interleaved) else 1
@@ -415,10 +467,10 @@ def _interleave_process(args, variants: list, env: dict):
     if not variants:
         return None
     print(f"interleaved: {', '.join(variants)} in one process, {args.interleave} rounds, order rotated each "
-          f"round; {machine_summary()}")
+          f"round; {machine_summary(args.device)}")
     cmd = [sys.executable, "-m", "fusegraph", "bench", "real", "--together", "--variants", ";".join(variants),
            "--model", args.model, "--dtype", args.dtype, "--tokens", args.tokens, "--layers", str(args.layers),
-           "--interleave", str(args.interleave), "--threads", str(args.threads)]
+           "--interleave", str(args.interleave), "--threads", str(args.threads), "--device", args.device]
     cache = tempfile.mkdtemp(prefix="fusegraph_bench_real_")
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(env, TORCHINDUCTOR_CACHE_DIR=cache))
@@ -432,8 +484,10 @@ def _interleave_process(args, variants: list, env: dict):
     result = json.loads(lines[-1])
     med = result["median_s"]
     base = med.get("inductor")
+    print(f"{'variant':40s} {'median':>11s} {'vs inductor':>12s} {'first call':>11s} {'memory +':>10s}   per round")
     for v in variants:
         rel = f"{base / med[v]:11.3f}x" if base else f"{'':12s}"
-        spread = " ".join(f"{t * 1e3:.0f}" for t in result["times_s"][v])
-        print(f"{v:40s} {med[v] * 1e3:8.0f} ms {rel}   per round (ms): {spread}", flush=True)
+        spread = " ".join(f"{t * 1e3:.1f}" for t in result["times_s"][v])
+        print(f"{v:40s} {med[v] * 1e3:8.2f} ms {rel} {result['first_s'][v]:9.1f} s {result['memory_mib'][v]:8.0f} M"
+              f"   (ms): {spread}", flush=True)
     return result

@@ -235,6 +235,19 @@ def test_bench_real_builds_published_widths_and_runs_a_variant():
     assert row["max_diff"] == 0 and row["median_s"] > 0 and row["weights_mib"] > 300  # 2 blocks: 177 M parameters
 
 
+def test_bench_real_device_arguments(capsys):
+    """--device cuda: OpenVINO named as CPU only; without a CUDA device, said so (not a crash deep in a variant)."""
+    with pytest.raises(SystemExit) as e:
+        cli(["bench", "real", "--device", "cuda", "--variants", "eager;openvino"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "openvino runs on the CPU only" in err and "--variants" in err
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit) as e:
+            cli(["bench", "real", "--device", "cuda", "--variants", "eager"])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and "--device" in err and "no CUDA device" in err
+
+
 @pytest.mark.parametrize("argv, needle", [(["--interleave", "1"], "got 1"), (["--interleave", "-2"], "got -2"),
                                           (["--interleave-only"], "needs --interleave")])
 def test_bench_real_interleave_arguments(argv, needle, capsys):
@@ -274,6 +287,9 @@ def test_bench_real_interleaved_rotates_the_order_and_times_every_variant(monkey
     assert {v: len(t) for v, t in res["times_s"].items()} == {"a": 4, "b": 4, "openvino": 4}
     assert res["median_s"] == pytest.approx({v: statistics.median(t) for v, t in res["times_s"].items()})
     assert res["median_s"]["a"] < res["median_s"]["openvino"] < res["median_s"]["b"]
+    # each variant's first call (its compile) timed on its own, and what the process grew by over its warm-up
+    assert res["first_s"]["a"] < res["first_s"]["openvino"] < res["first_s"]["b"]
+    assert set(res["memory_mib"]) == {"a", "b", "openvino"}
 
 
 def test_bench_real_interleave_prints_a_second_table(tmp_path, capsys):
@@ -283,10 +299,11 @@ def test_bench_real_interleave_prints_a_second_table(tmp_path, capsys):
     assert cli(["bench", "real", "--model", "ltx", "--dtype", "bf16", "--tokens", "4,4", "--variants", "eager",
                 "--reps", "1", "--interleave", "2", "--json", str(out_json)]) == 0
     out = capsys.readouterr().out
-    assert "interleaved: eager in one process, 2 rounds" in out and "per round (ms):" in out
+    assert "interleaved: eager in one process, 2 rounds" in out and "per round" in out and "first call" in out
     data = json.loads(out_json.read_text())
     assert [r["variant"] for r in data["rows"]] == ["eager"]
     assert data["interleaved"]["order"] == [["eager"], ["eager"]] and data["interleaved"]["median_s"]["eager"] > 0
+    assert data["interleaved"]["first_s"]["eager"] > 0 and data["device"] == "cpu"
     assert cli(["bench", "real", "--model", "ltx", "--dtype", "bf16", "--tokens", "4,4", "--variants", "eager",
                 "--interleave", "2", "--interleave-only", "--json", str(out_json)]) == 0
     out = capsys.readouterr().out
