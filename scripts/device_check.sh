@@ -17,16 +17,28 @@
 #          the direct CMake build into $BUILD_DIR (with the C++ tests) as without a wheel
 #   FILE   that wheel (it must fit);  off  the direct CMake build only
 #   build  `pip wheel --no-build-isolation` here (scikit-build-core from wheels/, `make device-wheels`, when not
-#          installed); the wheel is kept in $OUT/dist, so it can be carried next time; the CMake build if it cannot
+#          installed); the wheel is kept in logs.tgz (dist/), so it can be carried next time; else the CMake build
 # A wheel is installed into a temporary folder and checked from outside the checkout (scripts/packaging/smoke.py
 # and its CUDA kernels); its _C is then copied into fusegraph/, so the tests below run that very binary.
 # Every step's output is tee'd to $OUT/<step>.log; a summary is printed at the end and written to
 # $OUT/summary.txt. Exit status: 0 when every step passed, else 1. Budget: BUDGET_S (470 s) for all steps.
+# The device tool brings back only a few files: the logs and JSON are written to a scratch folder and packed into
+# $OUT/logs.tgz when the script ends (also when it is interrupted), beside $OUT/summary.txt.
 set -uo pipefail  # not -e: a failing step is recorded and the later steps still run
 
 cd "$(dirname "$0")/.."
-OUT="${OUT:-$PWD/out}"
-mkdir -p "$OUT"
+FINAL_OUT="${OUT:-$PWD/out}"
+mkdir -p "$FINAL_OUT"
+OUT="$(mktemp -d)"  # every log and JSON; packed into $FINAL_OUT/logs.tgz at exit
+pack() {
+  tar czf "$FINAL_OUT/logs.tgz" -C "$OUT" . 2>/dev/null
+  [ -f "$OUT/summary.txt" ] && cp "$OUT/summary.txt" "$FINAL_OUT/"
+}
+trap pack EXIT
+trap 'exit 143' TERM INT
+# scripts/ and ctest's Python run from other folders: the checkout on the path; fatal signals print a stack
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONFAULTHANDLER=1
 PY="${PYTHON:-$(command -v python3 || command -v python)}"
 BUILD_DIR="${BUILD_DIR:-build-cuda}"
 JOBS="${JOBS:-$(nproc)}"
@@ -86,7 +98,12 @@ if [ -d wheels ] && ls wheels/*.whl >/dev/null 2>&1; then
   for mod in diffusers:diffusers pytest:pytest xdist:pytest-xdist; do
     "$PY" -c "import ${mod%%:*}" 2>/dev/null || MISSING+=("${mod#*:}")
   done
-  if [ "${#MISSING[@]}" -gt 0 ]; then
+  if [ "${#MISSING[@]}" -gt 0 ] && "$PY" -c "import sys; sys.exit(sys.prefix == sys.base_prefix)"; then
+    # the machine's python is a venv already (torch in it): install into it; a venv over a venv would not see torch
+    "$PY" -m pip install --quiet --no-index --find-links wheels "${MISSING[@]}" >>"$OUT/env.log" 2>&1 &&
+      echo "installed from wheels/ into $("$PY" -c "import sys; print(sys.prefix)"): ${MISSING[*]}" |
+        tee -a "$OUT/env.log" || echo "pip install from wheels/ failed (env.log)" | tee -a "$OUT/env.log"
+  elif [ "${#MISSING[@]}" -gt 0 ]; then
     VENV="$(mktemp -d)/venv"
     if "$PY" -m venv --system-site-packages "$VENV" >>"$OUT/env.log" 2>&1 &&
        "$VENV/bin/python" -m pip install --quiet --no-index --find-links wheels "${MISSING[@]}" >>"$OUT/env.log" 2>&1 &&
@@ -189,6 +206,9 @@ assert torch.cuda.is_available(), 'torch sees no CUDA device'
 print('fusegraph CUDA kernels: yes')"
 
 # ---- tests and benchmarks, most telling first ----
+# the CUDA-graph route layer by layer, each stage in a process of its own (the first GPU run lost every process
+# that took that route to a segfault: this names the layer, with faulthandler's stack)
+step cuda_graph_probe 90 "$PY" scripts/cuda_graph_probe.py
 step cuda_tests 150 "$PY" -m pytest tests/ops/test_cuda_ops.py -q -p no:cacheprovider --durations=10 -rs ${XDIST[@]+"${XDIST[@]}"}
 
 # ---- quick kernel timing (independent of the bench CLI): fused op vs eager vs a copy of the same bytes ----
@@ -303,5 +323,6 @@ step fusion_tests 150 "$PY" -m pytest tests/fusion tests/backend -q -p no:cachep
     echo "  $t: $(grep -aE "[0-9]+ (passed|failed|skipped|errors?).* in [0-9.]+s" "$OUT/$t.log" 2>/dev/null | tail -1)"
   done
   [ "$STATUS" = 0 ] && echo "RESULT: all steps passed" || echo "RESULT: some steps failed"
+  echo "logs and JSON: $FINAL_OUT/logs.tgz"
 } 2>&1 | tee "$OUT/summary.txt"
 exit "$STATUS"

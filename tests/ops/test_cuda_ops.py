@@ -538,9 +538,16 @@ def test_kv_attention_and_gemv_on_cuda(dtype):
     q, kc, kn = crandn(2, 4, 1, 64, dtype=dtype), crandn(2, 4, 33, 64, dtype=dtype), crandn(2, 4, 1, 64, dtype=dtype)
     vc, vn = crandn(2, 4, 33, 48, dtype=dtype), crandn(2, 4, 1, 48, dtype=dtype)
     out = ops.kv_attention(q, kc, kn, vc, vn)
-    ref = F.scaled_dot_product_attention(q.double(), torch.cat([kc, kn], 2).double(), torch.cat([vc, vn], 2).double())
     assert out.device.type == CUDA
-    assert_close_to_reference(out.cpu(), ref.cpu())
+    # on CUDA the op is eager's composition (at::cat + SDPA's CUDA kernels): bit-equal to it, so its error against
+    # float64 is eager's own. In bf16/fp16 that is beyond the dtype's default tolerance at near-zero outputs (the
+    # H200 run: 9e-4 absolute at an output of 3e-3), so float64 bounds it in fp32 only.
+    eager = F.scaled_dot_product_attention(q, torch.cat([kc, kn], 2), torch.cat([vc, vn], 2))
+    assert torch.equal(out, eager)
+    if dtype == torch.float32:
+        ref = F.scaled_dot_product_attention(q.double(), torch.cat([kc, kn], 2).double(),
+                                             torch.cat([vc, vn], 2).double())
+        assert_close_to_reference(out.cpu(), ref.cpu())
     x, w, b = crandn(3, 70, dtype=dtype), crandn(37, 70, dtype=dtype, scale=0.1), crandn(37, dtype=dtype)
     out = ops.gemv(x, w, b)
     assert out.device.type == CUDA

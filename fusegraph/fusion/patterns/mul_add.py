@@ -36,10 +36,11 @@ def _tensor_of(x, dtype) -> bool:
 
 def _same_dtype_check(tensor_names, scalar_name=None):
     def check(match) -> bool:
-        first = _val(match.kwargs[tensor_names[0]])
+        # .get: torch 2.11's re-check of a match leaves a wildcard that bound a Python number unbound (no site)
+        first = _val(match.kwargs.get(tensor_names[0]))
         if not isinstance(first, torch.Tensor) or first.dtype not in _FLOAT:
             return False
-        if not all(_tensor_of(match.kwargs[n], first.dtype) for n in tensor_names):
+        if not all(_tensor_of(match.kwargs.get(n), first.dtype) for n in tensor_names):
             return False
         if scalar_name is not None:
             # ``x * 1 + y`` is ``x + y``: no product to fuse (Inductor's decomposition of a one-row addmm writes
@@ -88,7 +89,7 @@ def _replace_wan(h, y, gate):
 
 def _wan_check(dtype):
     def check(match) -> bool:
-        h, y, gate = (_val(match.kwargs[n]) for n in ("h", "y", "gate"))
+        h, y, gate = (_val(match.kwargs.get(n)) for n in ("h", "y", "gate"))
         if not all(isinstance(v, torch.Tensor) for v in (h, y, gate)):
             return False
         return h.dtype == dtype and y.dtype == dtype and gate.dtype in (torch.float32, dtype)
