@@ -16,7 +16,8 @@ load on a shared machine hits every column alike:
 Each fused result is compared with eager (max abs diff) and judged against a float64 run of the same
 composition (``torch.testing.assert_close`` at the output dtype's default tolerances, as the op tests do):
 judging against bf16 eager would blame the fused op for eager's own intermediate roundings. A fast wrong
-kernel shows up in the table ("WRONG") and fails the command (exit 1).
+kernel shows up in the table ("WRONG") and fails the command (exit 1). A result bit-equal to eager's is not
+flagged: off the CPU kv_attention and gemv are eager's own at:: composition, and their error is eager's.
 """
 from __future__ import annotations
 
@@ -309,7 +310,10 @@ def measure_case(case: Case, dtype: torch.dtype, device: torch.device, *, quick:
         out = case.fused(*args)
         row["max_abs_diff"] = max_abs_diff(out, expected)
         row["fused_err64"] = max_abs_diff(out, ref64)
-        row["close"] = _close(out, ref64.to(expected.dtype)) and out.dtype == expected.dtype
+        # bit-equal to eager: the op is eager's own composition there (kv_attention and gemv off the CPU), its
+        # error against float64 eager's (the H200's bf16 SDPA is outside bf16's default tolerance by itself)
+        row["close"] = out.dtype == expected.dtype and (_close(out, ref64.to(expected.dtype)) or
+                                                        row["max_abs_diff"] == 0)
         fns["fused"] = lambda: case.fused(*args)
         del out
     except Exception as e:  # noqa: BLE001 - an op not yet built for this device/dtype is a row note
@@ -407,7 +411,7 @@ x eager = eager/fused (speed-up); fused/comp, fused/copy = time ratios (< 1: fus
 copy = a copy moving the fused op's bytes (inputs + output) into a fresh output-sized buffer per call,
   like the functional op; copy pre = the same copy between preallocated buffers (no allocation).
 max|diff| = fused vs eager; fp64 err = max abs error of fused and of eager vs the composition in float64
-  (WRONG: fused outside torch.testing's default tolerance for the dtype).
+  (WRONG: fused outside torch.testing's default tolerance for the dtype, and not eager's own result).
 compile = first call of the compiled code (compile + one run; on-disk caches may shorten it), apart."""
 ROUTE_LEGEND = """fg route = the same composition through torch.compile(backend=fusegraph.Backend()): fusion, then Inductor
   (the fused op called from Inductor's generated code); route/comp = its time / the compiled column's."""

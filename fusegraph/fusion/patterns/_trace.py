@@ -11,6 +11,8 @@ pass does to the model's graph, so that both sides spell each symbolic size alik
 """
 from __future__ import annotations
 
+import contextvars
+
 import torch
 from ..._core.torch_fake import enable_python_dispatcher
 from ..._core.torch_inductor import select_decomp_table
@@ -227,14 +229,33 @@ def is_symbolic_match(match) -> bool:
     return False
 
 
+# The match an entry's check was called with, while that check runs (see ``kwarg``).
+_MATCH = contextvars.ContextVar("fusegraph_match", default=None)
+
+
+def kwarg(match, name):
+    """``match.kwargs[name]``, or the same wildcard of the match the entry's check was called with. torch 2.11's
+    ``register_replacement`` re-checks a match on a specific trace of the search function in which a Python
+    number (an ``eps``, a scalar factor) is an ignored constant, so the match our check receives leaves that
+    wildcard unbound; the match the matcher found binds it (torch 2.13 binds it in both). None when neither has it."""
+    if name in match.kwargs:
+        return match.kwargs[name]
+    outer = _MATCH.get()
+    return outer.kwargs.get(name) if outer is not None else None
+
+
 def on_symbolic(static_check, symbolic_check):
     """An entry's check: ``static_check`` (the matcher's own re-check) on static matches, ``symbolic_check`` on
-    symbolic ones (:func:`symbolic_recheck`)."""
-    if symbolic_check is None:
-        return static_check
+    symbolic ones (:func:`symbolic_recheck`); the match is kept for ``kwarg`` while either runs."""
 
     def check(match) -> bool:
-        return symbolic_check(match) if is_symbolic_match(match) else static_check(match)
+        token = _MATCH.set(match)
+        try:
+            if symbolic_check is not None and is_symbolic_match(match):
+                return symbolic_check(match)
+            return static_check(match)
+        finally:
+            _MATCH.reset(token)
 
     return check
 

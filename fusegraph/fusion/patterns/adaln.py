@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from ..._core.torch_pattern_matcher import Match, PatternMatcherPass
 
 from ._prepare import prepare_before, split_shared_casts, split_shared_factors
-from ._trace import fwd_functional
+from ._trace import fwd_functional, kwarg
 from . import _anchors
 from ._family import Candidate, Family, Form, NoSite, register_forms
 from ._lowering import adaln as lower, adaln_shift, adaln_site
@@ -134,7 +134,7 @@ def _supported(match: Match, *, chunks: bool = False) -> bool:
     x = _val(match, "x")
     if not isinstance(x, torch.Tensor) or x.dtype not in _DTYPES or x.dim() < 1:
         return False
-    eps = match.kwargs.get("eps")
+    eps = kwarg(match, "eps")
     if not isinstance(eps, (int, float)) or not eps >= 0.0:
         return False
     for name in ("scale", "shift", "weight", "bias"):

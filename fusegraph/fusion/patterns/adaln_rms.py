@@ -37,7 +37,7 @@ from ..._core.torch_pattern_matcher import Match, PatternMatcherPass
 
 from ...ops.rms_norm import rms_norm_out_dtype
 from ._prepare import prepare_before, split_shared_factors
-from ._trace import fwd_functional
+from ._trace import fwd_functional, kwarg
 from . import _anchors
 from ._family import Candidate, Family, Form, register_forms
 from ._lowering import adaln as lower, adaln_shift, adaln_site
@@ -182,7 +182,7 @@ def supported(match: Match, *, chunks: bool = False, mods=("scale", "shift")) ->
     x = val(match, "x")
     if not isinstance(x, torch.Tensor) or x.dtype not in _DTYPES or x.dim() < 2:
         return False
-    eps = match.kwargs.get("eps")
+    eps = kwarg(match, "eps")
     if not isinstance(eps, (int, float)) or not eps >= 0.0:
         return False
     for name in ("weight", "bias"):

@@ -14,7 +14,7 @@ import logging
 import numbers
 
 import torch
-from ._trace import fwd_only_canonical
+from ._trace import fwd_only_canonical, kwarg
 
 from . import _anchors
 from ._family import Candidate, Family, Form, overload, register_forms
@@ -45,7 +45,7 @@ def _same_dtype_check(tensor_names, scalar_name=None):
         if scalar_name is not None:
             # ``x * 1 + y`` is ``x + y``: no product to fuse (Inductor's decomposition of a one-row addmm writes
             # ``sum(...) * 1 + bias``, which is a linear, not a site)
-            s = match.kwargs.get(scalar_name)  # unbound where an older torch's matcher ignored the literal
+            s = kwarg(match, scalar_name)
             return isinstance(s, numbers.Real) and not isinstance(s, bool) and s != 1
         return True
 

@@ -34,7 +34,7 @@ from ._prepare import prepare_before, split_shared_casts, split_shared_rms_cores
 from . import _anchors
 from ._family import Candidate, Family, Form, overload, register_forms
 from ._lowering import ROW, compute_dtype, rms
-from ._trace import fwd_functional
+from ._trace import fwd_functional, kwarg
 
 # A value no real graph holds, exactly representable in fp32 (torch.rms_norm rounds eps to fp32): every
 # literal equal to it in a traced pattern becomes the captured eps.
@@ -116,7 +116,7 @@ def _supported(match: Match) -> bool:
     x = _val(match, "x")
     if not isinstance(x, torch.Tensor) or x.dtype not in _DTYPES or x.dim() < 1:
         return False
-    eps = match.kwargs.get("eps")
+    eps = kwarg(match, "eps")
     if not isinstance(eps, (int, float)) or not eps >= 0.0:
         return False
     dim = x.shape[-1]
