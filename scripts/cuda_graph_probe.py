@@ -9,6 +9,7 @@ printed too. Usage: python scripts/cuda_graph_probe.py            (every stage, 
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import types
@@ -149,7 +150,8 @@ def main(argv) -> int:
     failed = 0
     for i, stage in enumerate(STAGES):
         proc = subprocess.run([sys.executable, "-X", "faulthandler", __file__, "--stage", str(i)], text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300,
+                              env=dict(os.environ, FUSEGRAPH_CUDA_GRAPHS="1"))  # the route is off by default
         print(proc.stdout, end="", flush=True)
         if proc.returncode != 0:
             failed += 1

@@ -277,16 +277,20 @@ json.dump(dict(device=torch.cuda.get_device_name(0), torch=torch.__version__,
                shapes=dict(B=B, S=S, D=D, H=H, HD=HD), results=results), open(sys.argv[1], "w"), indent=1)
 PYEOF
 
-# whole models on CUDA on every route, and the CUDA-graph driver
+# whole models on CUDA on every route, and the CUDA-graph driver (the tests turn the route on themselves)
 step cuda_models 180 "$PY" -m pytest tests/test_cuda_models.py tests/graph/test_cuda_driver.py -q -p no:cacheprovider \
   --durations=10 -rs ${XDIST[@]+"${XDIST[@]}"}
-# FLUX.1 at its published width (hidden 3072, 1 double + 1 single block) at 1024x1024 (4096 image + 512 text tokens)
-step bench_real_cuda 200 "$PY" -m fusegraph bench real --device cuda --model flux --dtype bf16 --tokens 4096,512 \
-  --variants "eager;inductor;inductor_cudagraphs;fusegraph;fusegraph:mode=reduce-overhead" --interleave 20 \
-  --interleave-only --json "$OUT/bench_real_cuda_flux.json"
+# FLUX.1 at its published width (hidden 3072, 1 double + 1 single block) at 1024x1024 (4096 image + 512 text
+# tokens): without CUDA graphs first (a crash of a CUDA-graph variant loses its whole process), then with them
+# (Inductor's, and fusegraph's turned on with FUSEGRAPH_CUDA_GRAPHS=1)
+step bench_real_cuda 150 "$PY" -m fusegraph bench real --device cuda --model flux --dtype bf16 --tokens 4096,512 \
+  --variants "eager;inductor;fusegraph" --interleave 20 --interleave-only --json "$OUT/bench_real_cuda_flux.json"
+step bench_real_cuda_graphs 150 env FUSEGRAPH_CUDA_GRAPHS=1 "$PY" -m fusegraph bench real --device cuda --model flux \
+  --dtype bf16 --tokens 4096,512 --variants "inductor;inductor_cudagraphs;fusegraph:mode=reduce-overhead" \
+  --interleave 20 --interleave-only --json "$OUT/bench_real_cuda_flux_graphs.json"
 # Fused AOTInductor packages made and run on CUDA (GUIDE §2.8): correctness, build/load time, steady speed.
 step aot_cuda 120 "$PY" scripts/aot_device_check.py --device cuda "$OUT/aot_cuda.json"
-step bench_decode 60 "$PY" -m fusegraph bench decode --device cuda --dtype bfloat16
+step bench_decode 60 env FUSEGRAPH_CUDA_GRAPHS=1 "$PY" -m fusegraph bench decode --device cuda --dtype bfloat16
 step bench_ops 60 "$PY" -m fusegraph bench ops --device cuda --json "$OUT/bench_ops_cuda.json"
 step bench_decode_mlp 60 "$PY" -m fusegraph bench model --model decode_mlp --device cuda --reps 100
 # ---- multi-process (issue #9): NCCL, CUDA graphs with collectives inside, every rank capturing the same graph ----
@@ -294,7 +298,7 @@ step bench_decode_mlp 60 "$PY" -m fusegraph bench model --model decode_mlp --dev
 NGPU="$("$PY" -c "import torch; print(min(2, torch.cuda.device_count()))" 2>/dev/null || echo 0)"
 if [ "$NGPU" -ge 1 ]; then
   [ "$NGPU" -ge 2 ] || echo "nccl: one GPU: running the NCCL path with world size 1" | tee -a "$OUT/env.log"
-  step nccl 90 "$PY" -m torch.distributed.run --standalone --nproc-per-node "$NGPU" scripts/nccl_check.py
+  step nccl 90 env FUSEGRAPH_CUDA_GRAPHS=1 "$PY" -m torch.distributed.run --standalone --nproc-per-node "$NGPU" scripts/nccl_check.py
 else
   skip nccl "no CUDA device"
 fi
@@ -309,7 +313,7 @@ fi
 step calibrate 150 "$PY" -m fusegraph bench calibrate --device cuda --families rms_norm,adaln,rope,gelu,mul_add \
   --dtypes bf16 --out "$OUT/cost_cuda.json"
 # the CPU side on this machine's torch (the development machine runs them on its own torch)
-step graph_tests 120 "$PY" -m pytest tests/graph -q -p no:cacheprovider -rs ${XDIST[@]+"${XDIST[@]}"}
+step graph_tests 120 env FUSEGRAPH_CUDA_GRAPHS=1 "$PY" -m pytest tests/graph -q -p no:cacheprovider -rs ${XDIST[@]+"${XDIST[@]}"}
 step op_tests 120 "$PY" -m pytest tests/ops -q -p no:cacheprovider --ignore=tests/ops/test_cuda_ops.py -rs ${XDIST[@]+"${XDIST[@]}"}
 step fusion_tests 150 "$PY" -m pytest tests/fusion tests/backend -q -p no:cacheprovider -rs ${XDIST[@]+"${XDIST[@]}"}
 

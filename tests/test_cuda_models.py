@@ -42,6 +42,28 @@ def _first(out) -> torch.Tensor:
     return out.sample if hasattr(out, "sample") else out
 
 
+@pytest.fixture(autouse=True)
+def _cuda_graphs_on(monkeypatch):
+    """The reduce-overhead cases test the CUDA-graph route itself, off by default until a GPU run passes it
+    (fusegraph.graph.drivers.CUDA_GRAPHS_ENV; test_cuda_graphs_off_by_default checks the default)."""
+    monkeypatch.setenv("FUSEGRAPH_CUDA_GRAPHS", "1")
+
+
+def test_cuda_graphs_off_by_default(monkeypatch):
+    """Without FUSEGRAPH_CUDA_GRAPHS=1, mode="reduce-overhead" on CUDA takes the default route and says why."""
+    monkeypatch.delenv("FUSEGRAPH_CUDA_GRAPHS")
+    name = "FluxTransformer2DModel"
+    torch._dynamo.reset()
+    model, _ = zoo.build(name, torch.float32)
+    model = model.cuda()
+    backend, compiled = _compile(model, "reduce-overhead")
+    kw = _to(zoo.inputs(name, torch.float32, seed=0), "cuda")
+    with torch.no_grad():
+        torch.testing.assert_close(_first(compiled(**kw)), _first(model(**kw)), **TOL)
+    assert backend.stats.graphs_captured == 0
+    assert any("CUDA-graph capture is off" in reason for reason in backend.stats.fallbacks), backend.stats.fallbacks
+
+
 def _compile(model, route: str):
     overrides, mode = ROUTES[route]
     backend = Backend(CompilationConfig(**overrides))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import os
 import threading
 from dataclasses import dataclass, field
 
@@ -247,6 +248,19 @@ def cuda_graph_available() -> bool:
     return torch.cuda.is_available()
 
 
+# The first real-GPU run (docs/BENCHMARKS.md §12: H200, torch 2.11) lost every process that captured through the
+# CUDA driver to a host segfault whose cause is not found yet. Until a GPU run passes scripts/cuda_graph_probe.py,
+# capture on CUDA is off unless this variable is 1: a graph route then runs uncaptured (GraphRunner) or the backend
+# takes its default route, the reason counted and logged, as for any device without graphs.
+CUDA_GRAPHS_ENV = "FUSEGRAPH_CUDA_GRAPHS"
+CUDA_GRAPHS_OFF = (f"fusegraph's CUDA-graph capture is off: it crashed the process on its first real GPU run "
+                   f"(docs/BENCHMARKS.md §12); {CUDA_GRAPHS_ENV}=1 turns it on")
+
+
+def cuda_graphs_enabled() -> bool:
+    return os.environ.get(CUDA_GRAPHS_ENV, "") == "1"
+
+
 def select_driver(device_graph: str, device: torch.device):
     """The driver for ``device_graph`` ("auto" = the inputs' device) or None with the reason."""
     kind = device_graph
@@ -257,7 +271,9 @@ def select_driver(device_graph: str, device: torch.device):
     if kind == "host":
         return HostDriver(), None
     if kind == "cuda":
-        return (CudaDriver(), None) if cuda_graph_available() else (None, "CUDA graphs unavailable")
+        if not cuda_graph_available():
+            return None, "CUDA graphs unavailable"
+        return (CudaDriver(), None) if cuda_graphs_enabled() else (None, CUDA_GRAPHS_OFF)
     if kind == "npu":
         return (NpuDriver(), None) if npu_graph_available() else (None, "torch.npu.NPUGraph unavailable")
     return None, f"no device graph for device type {device.type!r}"

@@ -10,6 +10,12 @@ from fusegraph.graph import GraphRunner
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
+@pytest.fixture(autouse=True)
+def _cuda_graphs_on(monkeypatch):
+    """These test the CUDA driver itself, off by default until a GPU run passes (drivers.CUDA_GRAPHS_ENV)."""
+    monkeypatch.setenv("FUSEGRAPH_CUDA_GRAPHS", "1")
+
+
 def fn(x, w):
     return torch.tanh(x @ w) + x
 

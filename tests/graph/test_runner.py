@@ -240,6 +240,21 @@ def test_device_graph_available_for_the_backend(npu):
         assert not ok and "CUDA" in why
 
 
+def test_cuda_graphs_need_the_switch_until_a_gpu_run_passes(monkeypatch):
+    """Where CUDA exists, the CUDA driver is chosen only with FUSEGRAPH_CUDA_GRAPHS=1 (its first real GPU run
+    crashed, docs/BENCHMARKS.md §12); without it the reason says so and names the switch."""
+    from fusegraph.graph import drivers
+
+    monkeypatch.setattr(drivers, "cuda_graph_available", lambda: True)
+    monkeypatch.delenv("FUSEGRAPH_CUDA_GRAPHS", raising=False)
+    driver, why = drivers.select_driver("auto", torch.device("cuda"))
+    assert driver is None and "FUSEGRAPH_CUDA_GRAPHS=1" in why and "crashed" in why
+    assert drivers.device_graph_available("cuda", cfg()) == (False, why)
+    monkeypatch.setenv("FUSEGRAPH_CUDA_GRAPHS", "1")
+    driver, why = drivers.select_driver("cuda", torch.device("cuda"))
+    assert isinstance(driver, drivers.CudaDriver) and why is None
+
+
 def test_graph_runner_is_reachable_from_the_package():
     import fusegraph
 
