@@ -451,8 +451,9 @@ def main(argv=None) -> int:
         interleaved = _interleave_process(args, ran, env)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"machine": machine_summary(args.device), "device": args.device, "model": args.model, "tokens": [img, txt],
-                       "layers": args.layers, "rows": rows, "interleaved": interleaved}, f, indent=1)
+            json.dump({"machine": machine_summary(args.device), "device": args.device, "model": args.model,
+                       "tokens": [img, txt], "layers": args.layers, "rows": rows, "interleaved": interleaved}, f,
+                      indent=1)
     complete = len(ran) == len(variants) if args.interleave_only else len(rows) == len(variants)
     return 0 if complete and (not args.interleave or interleaved) else 1
 
