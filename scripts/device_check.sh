@@ -208,7 +208,7 @@ print('fusegraph CUDA kernels: yes')"
 # ---- tests and benchmarks, most telling first ----
 # the CUDA-graph route layer by layer, each stage in a process of its own (the first GPU run lost every process
 # that took that route to a segfault: this names the layer, with faulthandler's stack)
-step cuda_graph_probe 90 "$PY" scripts/cuda_graph_probe.py
+step cuda_graph_probe 180 "$PY" scripts/cuda_graph_probe.py
 step cuda_tests 150 "$PY" -m pytest tests/ops/test_cuda_ops.py -q -p no:cacheprovider --durations=10 -rs ${XDIST[@]+"${XDIST[@]}"}
 
 # ---- quick kernel timing (independent of the bench CLI): fused op vs eager vs a copy of the same bytes ----

@@ -197,7 +197,9 @@ class _StreamGraphDriver:
         copier = self._per_device(mod, "copy_stream", device, lambda: _CopyStream(mod))
         exe = _C.graph.PyExecutable(graph.replay, list(outputs), binds_inputs=False, outputs_are_fresh=False,
                                     copy_fn=copier)
-        return Capture(exe, static, memory, info={"graph": graph})
+        # the captured function stays alive with its graph: constants only it owns (a fused GraphModule's tensor
+        # attributes) are read by the graph's kernels at their captured addresses on every replay
+        return Capture(exe, static, memory, info={"graph": graph, "fn": flat_fn})
 
 
 class _CopyStream:
