@@ -297,10 +297,12 @@ class CompilationConfig(_ConfigBase):
                                          "(q/k/v projections) as one GEMM on concatenated weights (Inductor's "
                                          "concat-linear freezing pattern). The compiled graph holds a concatenated "
                                          "copy of those weights.")
-    pack_weights = _Field(False, _bool, "Freeze (as enable_freezing=True) and pack bf16/fp16 linear weights for "
-                                        "oneDNN and convolution weights where measured faster (Inductor's weight "
-                                        "packing). The compiled graph holds packed copies of those weights (memory: "
-                                        "up to one more copy of the model).")
+    pack_weights = _Field(False, _bool, "Freeze (as enable_freezing=True) and pack weights for oneDNN where the CPU "
+                                        "class's measurements say the copy pays: bf16/fp16 linears where the class "
+                                        "has native 16-bit dot products, float32 linears where its GEMM table says "
+                                        "pack 'onednn' (bench gemm --calibrate), convolutions where measured faster. "
+                                        "The compiled graph holds packed copies of those weights (memory: up to one "
+                                        "more copy of the model).")
     inductor = _Field(True, _bool, "Default route: hand the fused graph to Inductor's codegen; False: run it as "
                                    "fused aten ops (fast compile, the seed's behaviour).")
     cpp_wrapper = _Field(True, _bool, "Inductor route on CPU: the compiled graph is driven by Inductor's C++ wrapper "

@@ -99,7 +99,8 @@ def compile_frozen(config, stats, gm, example_inputs, params: dict, compile: Cal
 
     frozen_gm, keep = _parameters_to_attributes(gm, params)
     inputs = [example_inputs[i] for i in keep]
-    with packing_policy(config.concat_linear, config.pack_weights), released_with_the_graph(), \
+    with packing_policy(config.concat_linear, config.pack_weights, config.fusion_patterns.enable_linear), \
+            released_with_the_graph(), \
             inductor_config.patch({"fx_graph_cache": False, "fx_graph_remote_cache": False}):
         compiled = compile(frozen_gm, inputs)
     return FrozenGraph(compiled, keep, params, compile_unfrozen, stats, graph_id)
@@ -139,11 +140,27 @@ def _parameters_to_attributes(gm: torch.fx.GraphModule, params: dict):
     return new, keep
 
 
-def _is_fp32_linear(match) -> bool:
+def _packs_linear(match, linear_mode="auto") -> bool:
+    """Whether ``pack_weights=True`` packs this linear's weight, from what was measured for the CPU class
+    (``gemm_table``): float32 only at a site of the shapes the table measured (more than ``gemv.MAX_ROWS`` rows, at
+    least ``linear.MIN_MACS`` multiply-adds) and only where the table says packing for oneDNN beats the plain
+    kernel; bf16/fp16 unless the class widens that dtype to float32 (``enable_linear``'s rule)."""
+    from .fusion import gemm_table
+    from .fusion.patterns import gemv, linear
+
     node = match.output_node()
-    weight = node.args[2 if node.target is torch.ops.aten.addmm.default else 1]
-    val = weight.meta.get("val") if isinstance(weight, torch.fx.Node) else None
-    return val is None or val.dtype == torch.float32
+    addmm = node.target is torch.ops.aten.addmm.default
+    x, weight = node.args[1 if addmm else 0], node.args[2 if addmm else 1]
+    xv = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+    wv = weight.meta.get("val") if isinstance(weight, torch.fx.Node) else None
+    if not isinstance(xv, torch.Tensor) or not isinstance(wv, torch.Tensor) or xv.dim() != 2 or wv.dim() != 2:
+        return False
+    if wv.dtype != torch.float32:
+        return wv.dtype not in linear.routed_dtypes(linear_mode)
+    (m, k), n = xv.shape, wv.shape[1]
+    if not all(isinstance(d, int) for d in (m, k, n)) or m <= gemv.MAX_ROWS or m * k * n < linear.MIN_MACS:
+        return False
+    return gemm_table.pack_lookup(torch.float32)[0] == "onednn"
 
 
 def _check_name(fn) -> str:
@@ -171,13 +188,17 @@ def _same_weight_shapes(match) -> bool:
 
 
 @contextlib.contextmanager
-def packing_policy(concat_linear: bool = False, pack_weights: bool = False):
+def packing_policy(concat_linear: bool = False, pack_weights: bool = False, linear_mode="auto"):
     """What freezing may do to the weights, for the duration of a frozen compile:
 
     - ``pack_weights=False`` (the default): no weight is packed, and convolution weights keep their layout
       (Inductor's ``layout_optimization`` would convert them to channels-last copies): the compiled graph holds
       no copy of any weight;
-    - ``pack_weights=True``: float32 linears are not packed (above); bf16/fp16 ones are, as Inductor does it; a
+    - ``pack_weights=True``: a linear's weight is packed where the CPU class's measurements say the copy pays
+      (``_packs_linear``): float32 ones of many rows for oneDNN (``mkldnn._reorder_linear_weight``, not Inductor's
+      MKL packing, measured level with MKL on the plain weight) where the class's GEMM table says ``pack``
+      ``"onednn"``; bf16/fp16 ones as Inductor does it, unless the class's table widens that dtype to float32
+      (no native 16-bit dot products: oneDNN's 16-bit matmul on a packed weight is the slow kernel there); a
       convolution is packed for oneDNN only where that is measured faster (``fusegraph.packing``);
     - ``concat_linear``: linears reading the same input become one GEMM on concatenated weights (Inductor's own
       freezing pattern, which Inductor applies on CUDA and leaves off on CPU: ``cpp.enable_concat_linear``).
@@ -192,7 +213,7 @@ def packing_policy(concat_linear: bool = False, pack_weights: bool = False):
     from ._core.torch_inductor import config as inductor_config
 
     wraps = {"_is_packable_linear": lambda match, check: (pack_weights and check(match)
-                                                          and not _is_fp32_linear(match)),
+                                                          and _packs_linear(match, linear_mode)),
              "_is_packable_convolution": lambda match, check: (pack_weights and check(match)
                                                                and packing.conv_packing_pays(match.output_node())),
              "check_concat_weights": lambda match, check: check(match) and _same_weight_shapes(match)}
@@ -214,11 +235,38 @@ def packing_policy(concat_linear: bool = False, pack_weights: bool = False):
     if not pack_weights:
         patches["layout_optimization"] = False
     try:
-        with inductor_config.patch(patches):
+        with inductor_config.patch(patches), _onednn_packing(pack_weights):
             yield
     finally:
         for e, check in zip(entries, saved):
             e.extra_check = check
+
+
+@contextlib.contextmanager
+def _onednn_packing(active: bool):
+    """Every linear weight Inductor packs is packed for oneDNN (``mkldnn._reorder_linear_weight`` +
+    ``mkldnn._linear_pointwise``), float32 ones too: Inductor's CPU device op chooses MKL's packed sgemm for
+    float32 (``is_lp_weight`` False), which measured no faster than MKL on the plain weight; only float32 sites
+    ``_packs_linear`` accepted reach it. Another torch's layout of these internals leaves Inductor's choice."""
+    cls = None
+    if active:
+        try:
+            from ._core.torch_inductor import mkldnn_fusion
+
+            cls = mkldnn_fusion.CpuMkldnnDeviceOp
+            saved = cls.pack_linear_weight, cls.pack_linear
+        except AttributeError:
+            cls = None
+    if cls is None:
+        yield
+        return
+    weight_fn, linear_fn = saved
+    cls.pack_linear_weight = lambda self, graph, is_lp, *rest: weight_fn(self, graph, True, *rest)
+    cls.pack_linear = lambda self, graph, is_lp, *rest: linear_fn(self, graph, True, *rest)
+    try:
+        yield
+    finally:
+        cls.pack_linear_weight, cls.pack_linear = saved
 
 
 

@@ -9,8 +9,9 @@ measured faster: both forms are timed once for the site's shapes, dtype, thread 
 medians, ~50 ms per new signature), and the verdict is cached in memory and on disk next to Inductor's cache,
 the way Inductor's autotuning times its choices once. ``decisions()`` lists what was decided in this process.
 
-Linears: float32 ones are never packed, bf16/fp16 ones stay as Inductor packs them (``freezing.packing_policy``
-says why; it is also where this check is wired in).
+Linears are decided by the CPU class's measured GEMM table instead (``freezing._packs_linear``; float32 packed for
+oneDNN only where the table says so, bf16/fp16 unless the class widens them); ``freezing.packing_policy`` is where
+both checks are wired in.
 """
 from __future__ import annotations
 

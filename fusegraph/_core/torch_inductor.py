@@ -13,6 +13,7 @@ __getattr__ = module_getattr(__name__, {
     "cache_dir": ("torch._inductor.runtime.cache_dir_utils", "cache_dir"),
     "config": ("torch._inductor.config", None),
     "freezing_patterns": ("torch._inductor.fx_passes.freezing_patterns", None),
+    "mkldnn_fusion": ("torch._inductor.fx_passes.mkldnn_fusion", None),
     "remove_noop_ops": ("torch._inductor.fx_passes.post_grad", "remove_noop_ops"),
     "PyCodeCache": ("torch._inductor.codecache", "PyCodeCache"),
     "list_mode_options": ("torch._inductor", "list_mode_options"),

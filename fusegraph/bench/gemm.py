@@ -1,7 +1,8 @@
 """``python -m fusegraph bench gemm``: a linear layer's two CPU kernels side by side, at sizes from tiny to
 FLUX.1's: ``aten::addmm`` (what every torch variant calls: MKL's sgemm in float32, oneDNN in bf16/fp16) against
 ``fusegraph.linear`` (oneDNN's float32 matmul on the plain weight; bf16/fp16 widened to it), interleaved, medians
-of warm runs.
+of warm runs. ``--calibrate`` also times float32 on a weight packed once for oneDNN (the copy ``pack_weights=True``
+may make).
 
 It is the evidence behind the linear family's rule (``fusegraph.fusion.patterns.linear``, a table per CPU class in
 ``fusegraph.fusion.gemm_table``): the last columns say what the fusion pass does with each size on this machine
@@ -43,7 +44,8 @@ def _route(m, k, n, dtype) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m fusegraph bench gemm", description=__doc__.split("\n\n")[0])
-    p.add_argument("--dtype", default="fp32,bf16", help="comma list of fp32, bf16, fp16 (default fp32,bf16)")
+    p.add_argument("--dtype", default=None, help="comma list of fp32, bf16, fp16 (default fp32,bf16; with "
+                   "--calibrate every dtype, and a list measures only those, keeping the table's other entries)")
     p.add_argument("--quick", action="store_true", help="three shapes, few reps (a smoke run)")
     p.add_argument("--reps", type=int, default=None, help="timed runs per kernel (default: ~1 s of work, 5-200)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads(N) before timing")
@@ -56,16 +58,19 @@ def main(argv=None) -> int:
     if args.ship and not args.calibrate:
         p.error("--ship: only with --calibrate")
     timing.setup_device("cpu", args.threads)
-    dtypes = timing.parse_dtypes(args.dtype)
+    dtypes = timing.parse_dtypes(args.dtype or "fp32,bf16")
     from fusegraph.fusion import gemm_table
     from fusegraph.fusion.patterns import linear
 
     print(timing.machine_summary("cpu"))
     if args.calibrate:
-        entries = gemm_table.measure(reps=args.reps or 5, progress=lambda line: print(" ", line, flush=True))
+        names = tuple(str(d).replace("torch.", "") for d in dtypes) if args.dtype else gemm_table.DTYPES
+        entries = gemm_table.measure(names, reps=args.reps or 5, progress=lambda line: print(" ", line, flush=True))
         path = gemm_table.save(entries, gemm_table._SHIPPED if args.ship else None)
         for name, e in entries.items():
-            print(f"{name}: {e['kernel']} (aten/fused geometric mean {e['geomean']:.2f}x)")
+            pack = (f"; with pack_weights=True: {e['pack']} (the faster plain kernel / packed, geometric mean "
+                    f"{e['pack_geomean']:.2f}x)") if "pack" in e else ""
+            print(f"{name}: {e['kernel']} (aten/fused geometric mean {e['geomean']:.2f}x){pack}")
         print(f"wrote {path}")
         linear.machine_rule.cache_clear()
         if args.json:

@@ -11,11 +11,21 @@ accumulation as ATen's 16-bit matmul):
   2.2-17x slower than widening and running the float32 GEMM (BENCHMARKS §1.3); with them (AVX512-BF16, AMX) it
   is the faster one.
 
+A third float32 kernel needs a copy of every weight and is therefore never a default: oneDNN on a weight reordered
+once into its blocked layout (``mkldnn._reorder_linear_weight`` + ``mkldnn._linear_pointwise``), what OpenVINO does
+to every weight. ``pack_weights=True`` (opt-in, it freezes) packs float32 linears that way only where the class's
+table says it beats both plain kernels (``pack`` ``"onednn"``: faster at every shape and by ``MARGIN``
+overall); elsewhere float32 weights stay unpacked (Inductor's own float32 packing, MKL's packed sgemm, measured
+level with MKL on the plain weight).
+
 The choice comes from a table measured per CPU class (``vendor/class`` key: ``AuthenticAMD/avx2``...):
 ``measure()`` times both kernels at the published models' GEMM shapes and picks ``fused`` only where it is faster at
 every shape and by ``MARGIN`` overall. The table of the development machine's classes (measured there, narrower
 classes emulated) ships as ``gemm_cpu.json``; ``python -m fusegraph bench gemm --calibrate`` measures the user's
-own machine into the cache directory, which then takes precedence. A class no table covers gets ``aten`` for every
+own machine into the cache directory, which then takes precedence. An entry may carry ``decided_by``: its kernel
+was decided by a measurement on the class's real hardware, not by the emulated one beside it, and a new emulated
+calibration keeps that kernel (AVX2 float32: on this machine, emulated, oneDNN measures 1.07-1.17x MKL; on a real
+AVX2-only EPYC, issue 38, 0.91-1.06x). A class no table covers gets ``aten`` for every
 dtype: eager's kernel, so never slower than eager or Inductor (which call the same kernels). The choice is read at
 compile time and never measured during a compile: the same inputs give the same outputs from the first call.
 """
@@ -37,6 +47,7 @@ from .._core.cache import read_json
 VERSION = 1
 DTYPES = ("float32", "bfloat16", "float16")
 KERNELS = ("aten", "fused")
+PACKS = ("none", "onednn")  # float32 with pack_weights=True: leave unpacked, or pack for oneDNN
 MARGIN = 0.05  # fused must be this much faster in geometric mean (and faster at every shape) to be chosen
 # (rows, in, out): the GEMMs of FLUX.1 (3072 wide, 12288 MLP), Wan 2.1 1.3B (1536, 8960), SD3.5 Large (2432,
 # 9728) at 320 tokens; the pass's sites have at least 2^20 multiply-adds and more than gemv.MAX_ROWS rows
@@ -54,6 +65,8 @@ def _checked(data) -> dict:
         for dtype, entry in per_dtype.items():
             if dtype not in DTYPES or not isinstance(entry, dict) or entry.get("kernel") not in KERNELS:
                 raise ValueError(f"{key}/{dtype}: expected one of {DTYPES} with a kernel in {KERNELS}")
+            if entry.get("pack", "none") not in PACKS:
+                raise ValueError(f"{key}/{dtype}: pack {entry.get('pack')!r}, expected one of {PACKS}")
     return data
 
 
@@ -86,6 +99,22 @@ def lookup(dtype: torch.dtype, key: Optional[str] = None) -> tuple:
     return "aten", f"{key} {name}: class not measured (eager's kernel)"
 
 
+def pack_lookup(dtype: torch.dtype = torch.float32, key: Optional[str] = None) -> tuple:
+    """(pack, why) for float32 linears of many rows under ``pack_weights=True`` on this machine's class (or ``key``):
+    ``"onednn"`` (pack the weight once for oneDNN) or ``"none"`` (keep it unpacked: no table says packing pays)."""
+    name = str(dtype).replace("torch.", "")
+    if name != "float32":
+        return "none", f"{name}: only float32 packing is decided by the table"
+    key = key or cpu_class.key()
+    for source, table in zip(("calibrated here", "measured for this class"), _tables()):
+        entry = table.get(key, {}).get(name)
+        if entry is not None and "pack" in entry:
+            ratio = entry.get("pack_geomean")
+            how = f", plain/packed time {ratio:.2f}x" if isinstance(ratio, (int, float)) else ""
+            return entry["pack"], f"{key} {name}: {source}{how}"
+    return "none", f"{key} {name}: packing not measured for this class (weights stay unpacked)"
+
+
 def measured_classes() -> list:
     """The keys the shipped table and the user's calibration hold."""
     user, shipped = _tables()
@@ -116,17 +145,43 @@ def measure(dtypes=DTYPES, shapes=SHAPES, reps: int = 5, progress=None) -> dict:
             x = torch.randn(m, k, generator=gen).to(dtype)
             w = (torch.randn(n, k, generator=gen) * k ** -0.5).to(dtype)
             b = torch.randn(n, generator=gen).to(dtype)
-            med = _median_seconds({"aten": lambda: torch.addmm(b, x, w.t()),
-                                   "fused": lambda: torch.ops.fusegraph.linear(x, w, b)}, reps)
+            fns = {"aten": lambda: torch.addmm(b, x, w.t()), "fused": lambda: torch.ops.fusegraph.linear(x, w, b)}
+            if dtype == torch.float32 and torch.backends.mkldnn.is_available():
+                packed = torch.ops.mkldnn._reorder_linear_weight(w, m)
+                fns["packed"] = lambda: torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")
+            med = _median_seconds(fns, reps)
             rows.append({"shape": [m, k, n], "aten_s": med["aten"], "fused_s": med["fused"],
                          "ratio": med["aten"] / med["fused"]})
+            line = f"{name} {m}x{k}x{n}: aten {med['aten'] * 1e3:.2f} ms, fused {med['fused'] * 1e3:.2f} ms"
+            if "packed" in med:
+                rows[-1]["packed_s"] = med["packed"]
+                line += f", packed {med['packed'] * 1e3:.2f} ms"
             if progress:
-                progress(f"{name} {m}x{k}x{n}: aten {med['aten'] * 1e3:.2f} ms, fused {med['fused'] * 1e3:.2f} ms, "
-                         f"{rows[-1]['ratio']:.2f}x")
-        geomean = math.exp(sum(math.log(r["ratio"]) for r in rows) / len(rows))
-        kernel = "fused" if geomean >= 1 + MARGIN and all(r["ratio"] > 1 for r in rows) else "aten"
-        out[name] = {"kernel": kernel, "geomean": geomean, "shapes": rows}
+                progress(f"{line}, {rows[-1]['ratio']:.2f}x")
+        out[name] = _verdict(rows)
     return out
+
+
+def _geomean(ratios) -> float:
+    ratios = list(ratios)
+    return math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+
+
+def _verdict(rows: list, kernel: Optional[str] = None) -> dict:
+    """The entry for one dtype's measured ``rows``: the plain kernel (``fused`` only if faster at every shape and by
+    ``MARGIN`` overall; or ``kernel`` where another measurement decided it) and, where packed times were measured,
+    whether packing for oneDNN beats, by the same rule, the faster of the two plain kernels at each shape: the copy
+    is judged on what its layout buys, never on a kernel difference that ``kernel`` (decided on real hardware)
+    overrode."""
+    geomean = _geomean(r["ratio"] for r in rows)
+    if kernel is None:
+        kernel = "fused" if geomean >= 1 + MARGIN and all(r["ratio"] > 1 for r in rows) else "aten"
+    entry = {"kernel": kernel, "geomean": geomean, "shapes": rows}
+    if rows and all("packed_s" in r for r in rows):
+        gains = [min(r["aten_s"], r["fused_s"]) / r["packed_s"] for r in rows]
+        entry["pack_geomean"] = _geomean(gains)
+        entry["pack"] = "onednn" if entry["pack_geomean"] >= 1 + MARGIN and all(g > 1 for g in gains) else "none"
+    return entry
 
 
 def save(entries: dict, path: Optional[str] = None, key: Optional[str] = None) -> str:
@@ -136,7 +191,14 @@ def save(entries: dict, path: Optional[str] = None, key: Optional[str] = None) -
     key = key or cpu_class.key()
     data = read_json(path, _checked) if os.path.exists(path) else None
     data = data or {"version": VERSION, "classes": {}, "meta": {}}
-    data["classes"].setdefault(key, {}).update(entries)
+    per_dtype = data["classes"].setdefault(key, {})
+    for name, entry in entries.items():
+        old = per_dtype.get(name, {})
+        if "decided_by" in old and "decided_by" not in entry:
+            # the kernel was decided by a measurement on the class's real hardware, which emulation cannot replace
+            # (another machine's caches): keep it; packing is judged on the layout alone (``_verdict``)
+            entry = {**_verdict(entry["shapes"], old["kernel"]), "decided_by": old["decided_by"]}
+        per_dtype[name] = entry
     data["meta"][key] = {"torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
                          "threads": torch.get_num_threads(), "describe": cpu_class.describe()}
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

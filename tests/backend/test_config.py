@@ -151,6 +151,63 @@ def test_linear_machine_rule(monkeypatch, tmp_path):
         linear.machine_rule.cache_clear()
 
 
+def test_float32_packing_verdict_and_lookup(monkeypatch, tmp_path):
+    """The opt-in float32 weight copy (``pack_weights=True``) follows the class's measured table: packed for oneDNN
+    only where it beats both plain kernels at every shape and by the margin overall — judged on the layout alone,
+    so a plain-kernel difference that a real-hardware measurement overrode (``decided_by``, whose kernel a later
+    emulated calibration keeps) never packs; a class or a dtype without a packing verdict is never packed; a bad
+    ``pack`` value makes the table untrusted."""
+    import json
+
+    from fusegraph.fusion import gemm_table
+
+    def rows(aten, fused, packed):
+        return [{"shape": [320, 8, 8], "aten_s": a, "fused_s": f, "packed_s": p, "ratio": a / f}
+                for a, f, p in zip(aten, fused, packed)]
+
+    e = gemm_table._verdict(rows([1.0, 1.0], [0.8, 0.8], [0.7, 0.7]))
+    assert e["kernel"] == "fused" and e["pack"] == "onednn" and abs(e["pack_geomean"] - 8 / 7) < 1e-9
+    e = gemm_table._verdict(rows([1.0, 1.0], [0.8, 0.8], [0.78, 0.78]))
+    assert e["kernel"] == "fused" and e["pack"] == "none"  # 1.03x over the plain oneDNN kernel: below the margin
+    e = gemm_table._verdict(rows([1.0, 1.0], [0.8, 0.8], [0.5, 1.1]))
+    assert e["pack"] == "none"  # slower at one shape
+    e = gemm_table._verdict(rows([1.0, 1.0], [0.8, 0.8], [0.78, 0.78]), kernel="aten")
+    assert e["kernel"] == "aten" and e["pack"] == "none"  # 1.28x over aten, but only 1.03x over the plain oneDNN
+    e = gemm_table._verdict(rows([1.0, 0.7], [0.8, 0.9], [0.7, 0.6]))
+    assert e["kernel"] == "aten" and e["pack"] == "onednn"  # against the faster plain kernel at each shape: 8/7, 7/6
+    e = gemm_table._verdict(rows([1.0, 0.7], [0.8, 0.9], [0.78, 0.69]))
+    assert e["pack"] == "none"  # 1.03x and 1.01x over the faster plain kernel: below the margin
+    e = gemm_table._verdict(rows([1.0, 0.7], [0.8, 0.9], [0.6, 0.72]))
+    assert e["pack"] == "none"  # 1.33x at one shape, slower than aten at the other
+    assert "pack" not in gemm_table._verdict([{"shape": [1, 1, 1], "aten_s": 1.0, "fused_s": 1.0, "ratio": 1.0}])
+
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps({"version": 1, "meta": {}, "classes": {"AuthenticAMD/avx2": {"float32": {
+        "kernel": "aten", "decided_by": "a real AVX2 machine"}}}}))
+    monkeypatch.setattr(gemm_table.cpu_class, "key", lambda: "AuthenticAMD/avx2")
+    monkeypatch.setattr(gemm_table, "_SHIPPED", str(path))
+    monkeypatch.setattr(gemm_table, "calibration_path", lambda: str(tmp_path / "none.json"))
+    try:
+        gemm_table.save({"float32": gemm_table._verdict(rows([1.0, 1.0], [0.8, 0.8], [0.78, 0.78]))}, str(path))
+        entry = json.loads(path.read_text())["classes"]["AuthenticAMD/avx2"]["float32"]
+        assert entry["kernel"] == "aten" and entry["decided_by"] == "a real AVX2 machine" and entry["pack"] == "none"
+        gemm_table.save({"float32": gemm_table._verdict(rows([1.0, 1.0], [0.8, 0.8], [0.7, 0.7]))}, str(path))
+        entry = json.loads(path.read_text())["classes"]["AuthenticAMD/avx2"]["float32"]
+        assert entry["kernel"] == "aten" and entry["decided_by"] == "a real AVX2 machine" and entry["pack"] == "onednn"
+        gemm_table.reload()
+        pack, why = gemm_table.pack_lookup(torch.float32)
+        assert pack == "onednn" and "1.14x" in why, why
+        assert gemm_table.pack_lookup(torch.bfloat16)[0] == "none"
+        assert gemm_table.pack_lookup(torch.float32, "GenuineIntel/avx2")[0] == "none"
+        path.write_text(json.dumps({"version": 1, "classes": {"AuthenticAMD/avx2": {"float32": {
+            "kernel": "aten", "pack": "mkl"}}}}))
+        gemm_table.reload()
+        assert gemm_table.pack_lookup(torch.float32)[0] == "none"  # a bad table is ignored, never trusted
+    finally:
+        monkeypatch.undo()
+        gemm_table.reload()
+
+
 @pytest.mark.parametrize("overrides,exc,words", [
     (dict(graph_only=1), TypeError, ["graph_only", "1"]),
     (dict(graph_max_entries=-1), ValueError, ["graph_max_entries", "-1"]),

@@ -448,26 +448,73 @@ def test_output_strides_cause_no_recompile(dynamic):
 @pytest.mark.parametrize("pack_weights", [False, True])
 def test_freezing_packs_no_float32_linear_weights(route, pack_weights):
     """Freezing alone packs no weight (a packed weight is a copy). With ``pack_weights``, float32 linears are
-    still not packed: a packed MKL float32 linear of a few rows is ~3x slower than addmm (and plain torch.compile
-    never packs), also once Inductor's packing patterns are registered in the process (an earlier
-    torch.compile(options={"freezing": True})); bf16 ones are (oneDNN), where this CPU has oneDNN's bf16 kernels."""
+    not packed where the class's GEMM table does not say packing pays (here: forced to "none"; a packed MKL float32
+    linear of a few rows is ~3x slower than addmm), also once Inductor's packing patterns are registered in the
+    process (an earlier torch.compile(options={"freezing": True})); bf16 ones are (oneDNN), where this CPU has
+    oneDNN's bf16 kernels and the class does not widen bf16 linears to float32."""
     from torch._dynamo.utils import counters
     from torch._inductor.fx_passes.mkldnn_fusion import _mkldnn_weight_pack_init
+
+    from fusegraph.fusion import gemm_table
+    from fusegraph.fusion.patterns import linear
 
     if not torch._C._has_mkldnn:
         pytest.skip("no mkldnn: nothing would pack")
     _mkldnn_weight_pack_init()
-    bf16_packs = pack_weights and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    for dtype, packed in ((torch.float32, False), (torch.bfloat16, bf16_packs)):
-        net = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU(), torch.nn.Linear(16, 16)).eval().to(dtype)
+    bf16_packs = (pack_weights and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+                  and torch.bfloat16 not in linear.routed_dtypes("auto"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gemm_table, "pack_lookup", lambda dtype=None, key=None: ("none", "forced by the test"))
+        for dtype, packed in ((torch.float32, False), (torch.bfloat16, bf16_packs)):
+            for rows, width in ((4, 16), (64, 128)):  # a few-row linear, and a site of the table's kind
+                net = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.GELU(),
+                                          torch.nn.Linear(width, width)).eval().to(dtype)
+                counters.clear()
+                torch._dynamo.reset()
+                fn, backend = compiled(net, route, pack_weights=pack_weights)
+                x = torch.randn(rows, width, dtype=dtype)
+                with torch.no_grad():  # bf16: two linears and a GELU, each rounding where eager's does not
+                    torch.testing.assert_close(fn(x).float(), net(x).float(), **(
+                        {} if dtype == torch.float32 else dict(rtol=2e-2, atol=1e-2)))
+                assert bool(counters["inductor"].get("mkldnn_linear_weight_pack_matcher_count")) == packed, dtype
+
+
+@pytest.mark.parametrize("pack", ["onednn", "none"])
+def test_float32_linears_pack_for_onednn_where_the_class_table_says(pack, monkeypatch):
+    """``pack_weights=True`` packs a float32 linear of many rows for oneDNN (``mkldnn._linear_pointwise`` on a weight
+    reordered once, never Inductor's MKL packing) exactly where the class's GEMM table says ``pack: "onednn"``; a
+    few-row one (the gemv family's) stays unpacked either way. Results stay eager's (fp32 tolerance, fresh
+    inputs), and an in-place weight edit is read (the frozen compile lets go)."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.fx_passes.mkldnn_fusion import _mkldnn_weight_pack_init
+    from torch._inductor.utils import run_and_get_code
+
+    from fusegraph.fusion import gemm_table
+
+    if not torch._C._has_mkldnn:
+        pytest.skip("no mkldnn: nothing would pack")
+    _mkldnn_weight_pack_init()
+    monkeypatch.setattr(gemm_table, "pack_lookup", lambda dtype=None, key=None: (pack, "forced by the test"))
+    torch.manual_seed(0)
+    for rows, width, packed in ((64, 128, pack == "onednn"), (3, 128, False)):
+        net = torch.nn.Sequential(torch.nn.Linear(width, 2 * width), torch.nn.GELU(),
+                                  torch.nn.Linear(2 * width, width)).eval()
         counters.clear()
         torch._dynamo.reset()
-        fn, backend = compiled(net, route, pack_weights=pack_weights)
-        x = torch.randn(4, 16, dtype=dtype)
-        with torch.no_grad():  # bf16: two linears and a GELU, each rounding where eager's does not
-            torch.testing.assert_close(fn(x).float(), net(x).float(), **({} if dtype == torch.float32 else
-                                                                       dict(rtol=2e-2, atol=1e-2)))
-        assert bool(counters["inductor"].get("mkldnn_linear_weight_pack_matcher_count")) == packed, dtype
+        fn, backend = compiled(net, "frozen", pack_weights=True)
+        x = torch.randn(rows, width) * 3
+        with torch.no_grad():
+            out, code = run_and_get_code(fn, x)
+            torch.testing.assert_close(out, net(x), rtol=1e-5, atol=1e-5)
+            x = torch.randn(rows, width) * 3
+            torch.testing.assert_close(fn(x), net(x), rtol=1e-5, atol=1e-5)
+        assert bool(counters["inductor"].get("mkldnn_linear_weight_pack_matcher_count")) == packed, (rows, pack)
+        code = "\n".join(code)
+        assert code.count("_linear_pointwise") >= (2 if packed else 0) and ("_linear_pointwise" in code) == packed
+        assert "_mkl_linear" not in code
+        with torch.no_grad():
+            net[0].weight.mul_(-0.5)
+            torch.testing.assert_close(fn(x), net(x), rtol=1e-5, atol=1e-5)
 
 
 class _Convs(nn.Module):
