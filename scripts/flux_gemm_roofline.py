@@ -11,7 +11,7 @@ for the few-row ones (what fusegraph runs them as), ``fusegraph.linear`` for the
 weight; bf16/fp16 widened to float32), and a large square
 GEMM as the machine's practical bf16 ceiling. Prints GFLOP/s for each.
 
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/flux_gemm_roofline.py [--threads N] [--dtype bf16|fp32]
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/flux_gemm_roofline.py [--threads N] [--dtype bf16|fp32] [--model M]
 """
 import argparse
 import collections
@@ -35,13 +35,14 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
+    p.add_argument("--model", default="flux", help="a bench real model (flux, wan, sd35, ...)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     from fusegraph._core import cpu_class
     from fusegraph.bench.real import build
 
     dt = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
-    model, kw, _ = build("flux", dt)
+    model, kw, _ = build(args.model, dt)
     with torch.no_grad():
         model(**kw)
         with torch.profiler.profile(record_shapes=True, with_flops=True) as prof:

@@ -1,5 +1,5 @@
-"""Where one FLUX.1-width call spends its time, by category, in eager, fusegraph (default route) and OpenVINO
-(issue 38, item 2). Run it under a CPU class's caps (``fusegraph._core.cpu_class.environment``), e.g. AVX2:
+"""Where one FLUX.1-width call (or another ``bench real`` model's: ``--model``) spends its time, by category, in
+eager, fusegraph (default route), Inductor and OpenVINO (issue 38, item 2). Run it under a CPU class's caps (``fusegraph._core.cpu_class.environment``), e.g. AVX2:
 
     OMP_NUM_THREADS=1 ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 \\
         .venv/bin/python scripts/flux_time_by_category.py --dtype fp32
@@ -96,6 +96,8 @@ def openvino_profile(model, kw, dtype, threads: int, reps: int = 3) -> tuple:
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--model", default="flux", help="a bench real model (flux, wan, sd35, ...)")
+    p.add_argument("--skip-openvino", action="store_true")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -104,8 +106,8 @@ def main() -> int:
     from fusegraph.bench.timing import machine_summary
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
-    model, kw, summary = build("flux", dtype)
-    print(f"{summary}; 1 + 1 blocks, 256 + 64 tokens, {args.dtype}; {machine_summary()}", flush=True)
+    model, kw, summary = build(args.model, dtype)
+    print(f"{summary}; bench real's blocks, 256 + 64 tokens, {args.dtype}; {machine_summary()}", flush=True)
     rows = {}
     with torch.no_grad():
         rows["eager"] = torch_profile(model, kw)
@@ -115,10 +117,13 @@ def main() -> int:
         torch._dynamo.reset()
         compiled = torch.compile(model, backend=Backend(CompilationConfig(cpp_wrapper=False)))
         rows["fg (py wrapper)"] = torch_profile(compiled, kw)
-        try:
-            rows["openvino"] = openvino_profile(model, kw, dtype, args.threads)
-        except ImportError:
-            print("openvino: not installed")
+        torch._dynamo.reset()
+        rows["inductor"] = torch_profile(torch.compile(model), kw)  # its Python wrapper: the GEMMs are seen
+        if not args.skip_openvino:
+            try:
+                rows["openvino"] = openvino_profile(model, kw, dtype, args.threads)
+            except ImportError:
+                print("openvino: not installed")
     cats = ("GEMM", "attention", "fused ops", "layout", "rest")
     print(f"{'variant':16s} {'wall':>9s} " + " ".join(f"{c:>11s}" for c in cats) + f" {'unseen':>9s}")
     for name, (wall, got) in rows.items():

@@ -20,8 +20,8 @@ level with MKL on the plain weight).
 
 The choice comes from a table measured per CPU class (``vendor/class`` key: ``AuthenticAMD/avx2``...):
 ``measure()`` times both kernels at the published models' GEMM shapes and picks ``fused`` only where it is faster at
-every shape and by ``MARGIN`` overall. The table of the development machine's classes (measured there, narrower
-classes emulated) ships as ``gemm_cpu.json``; ``python -m fusegraph bench gemm --calibrate`` measures the user's
+every shape and by ``MARGIN`` overall. The tables of the development machines' classes (an AMD Zen 5 and an Intel
+Xeon with AMX, each measured on itself and its narrower classes emulated there) ship as ``gemm_cpu.json``; ``python -m fusegraph bench gemm --calibrate`` measures the user's
 own machine into the cache directory, which then takes precedence. An entry may carry ``decided_by``: its kernel
 was decided by a measurement on the class's real hardware, not by the emulated one beside it, and a new emulated
 calibration keeps that kernel (AVX2 float32: on this machine, emulated, oneDNN measures 1.07-1.17x MKL; on a real
