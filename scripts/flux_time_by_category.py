@@ -1,5 +1,6 @@
 """Where one FLUX.1-width call (or another ``bench real`` model's: ``--model``) spends its time, by category, in
-eager, fusegraph (default route), Inductor and OpenVINO (issue 38, item 2). Run it under a CPU class's caps (``fusegraph._core.cpu_class.environment``), e.g. AVX2:
+eager, fusegraph (default route), Inductor and OpenVINO (issue 38, item 2). Run it under a CPU class's caps
+(``fusegraph._core.cpu_class.environment``), e.g. AVX2:
 
     OMP_NUM_THREADS=1 ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 \\
         .venv/bin/python scripts/flux_time_by_category.py --dtype fp32

@@ -21,11 +21,12 @@ level with MKL on the plain weight).
 The choice comes from a table measured per CPU class (``vendor/class`` key: ``AuthenticAMD/avx2``...):
 ``measure()`` times both kernels at the published models' GEMM shapes and picks ``fused`` only where it is faster at
 every shape and by ``MARGIN`` overall. The tables of the development machines' classes (an AMD Zen 5 and an Intel
-Xeon with AMX, each measured on itself and its narrower classes emulated there) ship as ``gemm_cpu.json``; ``python -m fusegraph bench gemm --calibrate`` measures the user's
-own machine into the cache directory, which then takes precedence. An entry may carry ``decided_by``: its kernel
-was decided by a measurement on the class's real hardware, not by the emulated one beside it, and a new emulated
-calibration keeps that kernel (AVX2 float32: on this machine, emulated, oneDNN measures 1.07-1.17x MKL; on a real
-AVX2-only EPYC, issue 38, 0.91-1.06x). A class no table covers gets ``aten`` for every
+Xeon with AMX, each measured on itself and its narrower classes emulated there) ship as ``gemm_cpu.json``;
+``python -m fusegraph bench gemm --calibrate`` measures the user's own machine into the cache directory, which then
+takes precedence. An entry may carry ``decided_by``: its kernel was decided by a measurement on the class's real
+hardware, not by the emulated one beside it, and a new emulated calibration keeps that kernel (AMD AVX2 float32:
+emulated on the Zen 5, oneDNN measures 1.07-1.17x MKL; on a real AVX2-only EPYC, issue 38, 0.91-1.06x). A class no
+table covers gets ``aten`` for every
 dtype: eager's kernel, so never slower than eager or Inductor (which call the same kernels). The choice is read at
 compile time and never measured during a compile: the same inputs give the same outputs from the first call.
 """
