@@ -64,6 +64,45 @@ def test_reads_the_weight_as_it_is_now():
     assert_close_to_reference(second, reference(x, w, b))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_widened_row_tiles_and_the_reused_workspace(dtype):
+    """bf16/fp16 widen into a per-thread workspace reused by every call: an activation over 32 MiB of float32 goes
+    in row tiles (2100 x 4096: a 2048-row tile and a 52-row one, the weight widened again per tile); calls of other
+    shapes after it (smaller, then larger again, then a strided x) read nothing stale from the workspace; an
+    in-place weight edit is read by the next call."""
+    w, b = randn(40, 4096, dtype=dtype, scale=1 / 64), randn(40, dtype=dtype)
+    x = randn(2100, 4096, dtype=dtype)
+    check(op(x, w, b), x, w, b)
+    for m, k, n in ((7, 96, 130), (300, 3072, 500), (2, 4096, 40)):
+        xs, ws = randn(m, k, dtype=dtype), randn(n, k, dtype=dtype, scale=k ** -0.5)
+        check(op(xs, ws), xs, ws)
+    xt = randn(4096, 33, dtype=dtype).t()
+    check(op(xt, w, b), xt, w, b)
+    first = op(x[:64], w, b)
+    w.data.mul_(-0.5)
+    second = op(x[:64], w, b)
+    assert not torch.equal(first, second)
+    check(second, x[:64], w, b)
+
+
+def test_widened_calls_from_concurrent_threads():
+    """Each thread widens into its own workspace: two threads calling at once, each with its own shapes, get
+    their own products."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def work(seed):
+        g = torch.Generator().manual_seed(seed)
+        for i in range(6):
+            m, k, n = 50 + 31 * i + seed, 512 + 128 * seed, 300 - 17 * i
+            x = torch.randn(m, k, generator=g, dtype=torch.float64).to(torch.bfloat16)
+            w = (torch.randn(n, k, generator=g, dtype=torch.float64) * k ** -0.5).to(torch.bfloat16)
+            check(op(x, w), x, w)
+        return seed
+
+    with threads(1), ThreadPoolExecutor(2) as pool:
+        assert sorted(pool.map(work, (0, 1, 2, 3))) == [0, 1, 2, 3]
+
+
 def test_empty_and_zero_width():
     x, w, b = torch.randn(12, 0), torch.randn(3, 0), torch.randn(3)
     torch.testing.assert_close(op(x, w, b), b.expand(12, 3))

@@ -210,19 +210,24 @@ void adaln_task(const AdalnKernelArgs& p, int64_t r0, int64_t r1) {
   RowOffsets::Cursor cursor(*p.layout, r0);
   for (int64_t r = r0; r < r1; r += group) {
     const int64_t g = std::min(group, r1 - r);
-    int64_t off[kMaxRowGroup][3];
+    // One array per tensor: a row's three offsets copied side by side were merged into one 16-byte load of the
+    // cursor, just written by next() in 8-byte stores - a failed store-to-load forward, which waits for every
+    // store before it, the previous rows' output stores missing cache included (2x a copy's time at 2^22).
+    int64_t off_x[kMaxRowGroup], off_scale[kMaxRowGroup], off_shift[kMaxRowGroup];
     RowStats st[kMaxRowGroup];
     for (int64_t k = 0; k < g; ++k) {
-      for (int t = 0; t < 3; ++t) off[k][t] = cursor[t];
+      off_x[k] = cursor[0];
+      off_scale[k] = cursor[1];
+      off_shift[k] = cursor[2];
       cursor.next();
-      st[k] = row_stats(x + off[k][0], D, eps, rms);
+      st[k] = row_stats(x + off_x[k], D, eps, rms);
     }
     for (int64_t k = 0; k < g; ++k) {
-      if (off[k][1] != cached_off[0] || off[k][2] != cached_off[1]) fold_modulation(off[k][1], off[k][2]);
+      if (off_scale[k] != cached_off[0] || off_shift[k] != cached_off[1]) fold_modulation(off_scale[k], off_shift[k]);
       if (rms) {
-        modulate(x + off[k][0], out + (r + k) * D, st[k], std::false_type{});
+        modulate(x + off_x[k], out + (r + k) * D, st[k], std::false_type{});
       } else {
-        modulate(x + off[k][0], out + (r + k) * D, st[k], std::true_type{});
+        modulate(x + off_x[k], out + (r + k) * D, st[k], std::true_type{});
       }
     }
   }
