@@ -51,11 +51,14 @@ from .._core.cache import read_json
 from .._core.torch_dispatcher import OpOverload
 from .._core.torch_pattern_matcher import module as _pm
 
-VERSION = 2  # 2: entries [pattern source, search graph text, digest of their key]
+VERSION = 3  # 3: entries [JSON text of [pattern source, search graph text], digest of their key]
 SHIPPED = os.path.join(os.path.dirname(__file__), "traced_patterns.json")
 
 _lock = threading.Lock()
-_entries: Optional[dict] = None  # key -> [pattern source, search graph text, _tag(key)]
+# key -> [JSON text of [pattern source, search graph text], _tag(key)]. Each entry stays text until a registration
+# looks it up: decoded all at once, the package's ~400 entries were ~125,000 Python objects (+19 MiB resident, most
+# of it still held after they were dropped) in every process that compiled once (BENCHMARKS §1.3).
+_entries: Optional[dict] = None
 _origin: dict = {}  # key -> the file its entry was read from
 _new: dict = {}  # entries traced in this process, not yet written
 
@@ -85,8 +88,12 @@ def _checker(path: str):
     def check(data) -> dict:
         if data["key"] != source_key():
             return {}  # written for other sources or another torch: nothing in it applies
-        entries = {str(k): [dict(v[0]), str(v[1]), str(v[2])] for k, v in data["entries"].items()}
-        good = {k: v for k, v in entries.items() if v[2] == _tag(k)}
+        entries = {}
+        for k, v in data["entries"].items():
+            if not (isinstance(k, str) and isinstance(v, list) and len(v) == 2 and all(isinstance(x, str) for x in v)):
+                raise TypeError(f"an entry is not [text, tag]: {str(v)[:60]}")
+            entries[k] = v
+        good = {k: v for k, v in entries.items() if v[1] == _tag(k)}
         if len(good) != len(entries):
             cache._warn_once(path, f"{len(entries) - len(good)} entries stored under another pattern's key")
         return good
@@ -293,15 +300,17 @@ def cached(family_key) -> None:
             hit = _load().get(key)
         if hit is not None:
             try:
-                return _decode(hit[0], argnames), _GraphText(hit[1])
+                source, graph_text = json.loads(hit[0])
+                return _decode(source, argnames), _GraphText(str(graph_text))
             except Exception as e:  # noqa: BLE001 - an entry that does not read back or fit: trace it
                 cache._warn_once(_origin.get(key, "?"), f"an entry does not fit its pattern: {str(e)[:120]}")
         pattern, gm = original(search_fn, example_inputs, trace_fn, *args, **kwargs)
         try:
             source = _encode(pattern)
-            if _same(_decode(json.loads(json.dumps(source)), argnames), pattern):
+            text = json.dumps([source, str(gm.graph)])
+            if _same(_decode(json.loads(text)[0], argnames), pattern):
                 with _lock:
-                    _load()[key] = _new[key] = [source, str(gm.graph), _tag(key)]
+                    _load()[key] = _new[key] = [text, _tag(key)]
                     _origin.pop(key, None)
         except Exception:  # noqa: BLE001 - a pattern the printer cannot write: traced every time
             pass

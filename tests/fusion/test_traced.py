@@ -97,8 +97,27 @@ def test_a_bad_file_is_ignored_and_the_families_trace(files, monkeypatch, caplog
     assert sum(str(files["shipped"]) in r.getMessage() for r in caplog.records) == 1
 
 
+def test_entries_stay_text_until_looked_up_and_a_bad_one_is_traced(files, monkeypatch, caplog):
+    """Read from the file, every entry is still its JSON text (decoded, the package's entries were ~125,000 Python
+    objects held for the process's life); an entry with the right tag whose text is not a pattern is traced instead,
+    with one warning naming the file, and the others are read back."""
+    with open(os.path.join(os.path.dirname(traced.__file__), "traced_patterns.json")) as f:
+        real = json.load(f)
+    broken = dict(real["entries"])
+    bad = sorted(broken)[:3]
+    for key in bad:
+        broken[key] = ["[{\"nodes\": 1}, 2", traced._tag(key)]
+    files["shipped"].write_text(json.dumps({"key": real["key"], "entries": broken}))
+    assert all(isinstance(v[0], str) for v in traced._load().values()) and len(traced._load()) == len(broken)
+    calls = _traces(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="fusegraph"):
+        _register_all()
+    assert len(calls) == len(bad)  # each bad entry traced, every other one read back
+    assert sum(str(files["shipped"]) in r.getMessage() for r in caplog.records) == 1, caplog.text
+
+
 def test_a_file_for_other_sources_is_not_read(files, monkeypatch):
-    files["shipped"].write_text(json.dumps({"key": "other sources", "entries": {"x": [{}, ""]}}))
+    files["shipped"].write_text(json.dumps({"key": "other sources", "entries": {"x": ["[{}, \"\"]", ""]}}))
     calls = _traces(monkeypatch)
     _register_all()
     assert len(calls) > 300
@@ -121,7 +140,7 @@ class _NormGelu(nn.Module):
 
 def _argument_names(entry) -> frozenset:
     """The argument names (KeywordArg nodes) of a stored pattern."""
-    return frozenset(fields["name"] for cls, fields in entry[0]["nodes"] if cls.endswith("KeywordArg"))
+    return frozenset(fields["name"] for cls, fields in json.loads(entry[0])[0]["nodes"] if cls.endswith("KeywordArg"))
 
 
 def _moved(entries: dict, retag: bool) -> dict:
@@ -134,7 +153,7 @@ def _moved(entries: dict, retag: bool) -> dict:
         donor = next(k for k in donors if _argument_names(entries[k]) != _argument_names(entries[key]))
         moved[key] = list(entries[donor])
         if retag:
-            moved[key][2] = traced._tag(key)
+            moved[key][1] = traced._tag(key)
     return moved
 
 
