@@ -59,14 +59,14 @@ at::Tensor linear_reference(const at::Tensor& x, const at::Tensor& weight, const
 // matmul (float32 accumulation), at float32 GEMM speed.
 //
 // Memory: the float32 operands live in a per-thread workspace, mapped outside malloc's heap, that is grown once and
-// reused by every later call (`WidenWorkspace`), never in per-call allocations. Per-call buffers of several MiB were what pushed a bf16 FLUX.1
-// block's resident memory over plain torch.compile's + 5 % of the weights (BENCHMARKS §1.3): glibc raises its mmap
-// threshold after the first large free, from then on serves such buffers from its heap, and the heap keeps the
-// pages. Returning them to the kernel instead (MALLOC_MMAP_THRESHOLD_) cost 21-23 % of the speed in page faults.
-// The workspace is bounded: a weight block is about kBlockBytes of float32 rows, and the activation is widened in
-// tiles of rows of at most kTileBytes (one tile up to FLUX.1's MLP at 680 tokens), so each thread that ran the op holds
-// at most kTileBytes + kBlockBytes. Only oneDNN's float32 result of one block (rows x kBlockBytes / K floats) is
-// allocated per block.
+// reused by every later call (`WidenWorkspace`), never in per-call allocations. Per-call buffers of several MiB stayed
+// in glibc's heap (it raises its mmap threshold after the first large free and then serves such buffers from the
+// heap, which keeps the pages): part of what held a bf16 FLUX.1 block's resident memory over plain torch.compile's
+// + 5 % of the weights (BENCHMARKS §1.3). Returning them to the kernel instead (MALLOC_MMAP_THRESHOLD_) cost 21-23 %
+// of the speed in page faults. The workspace is bounded: a weight block is about kBlockBytes of float32 rows, and
+// the activation is widened in tiles of at most kTileBytes of rows (one tile up to FLUX.1's MLP at 682 tokens), so
+// each thread that ran the op holds at most kTileBytes + kBlockBytes (rounded to 2 MiB). Only oneDNN's float32
+// result of one block (rows x kBlockBytes / K floats) is allocated per block.
 constexpr int64_t kTileBytes = int64_t{32} << 20;   // the widened activation tile
 constexpr int64_t kBlockBytes = int64_t{4} << 20;   // the widened weight block
 
