@@ -113,6 +113,11 @@ def _compile_inductor(config, gm, example_inputs, job: FusionJob):
     """Inductor's compile with fusegraph's pass; on CPU through Inductor's C++ wrapper (``config.cpp_wrapper``),
     and where that fails to compile, again with its Python wrapper (logged, in ``stats.fallbacks``)."""
     cpp = config.cpp_wrapper and _cpp_wrapper_fits(gm, example_inputs)
+    if cpp and _graph_ops(gm) > CPP_WRAPPER_MAX_OPS:
+        cpp = False
+        log.info("fusegraph: graph %d has %d ops, more than the C++ wrapper's %d (g++ compiles a whole graph's "
+                 "wrapper in time that grows faster than the graph); compiled with Inductor's Python wrapper",
+                 job.graph_id, _graph_ops(gm), CPP_WRAPPER_MAX_OPS)
     try:
         return _compile_inductor_with(config, gm, example_inputs, job, cpp)
     except Exception as e:
@@ -239,6 +244,20 @@ def _refuse_proxy_executor(active: bool):
     if seen.ops:
         names = ", ".join(sorted(set(seen.ops)))
         raise _ProxyExecutorOps(f"aten ops without a C shim for Inductor's C++ wrapper ({names})")
+
+
+# The largest graph (in ops: call nodes of the graph Inductor is handed) that gets Inductor's C++ wrapper. g++
+# compiles the wrapper and the graph's kernels as one translation unit, in time that grows faster than the graph:
+# fp32 Wan 2.1 widths, first call with the C++ / the Python wrapper (docs/BENCHMARKS.md §2): 2 blocks (305 ops)
+# 27.9 / 23.1 s, 4 blocks 33.0 / 28.1 s, 8 blocks (977 ops) 51.0 / 35.2 s, and the published 30 blocks (bf16)
+# 948 s against plain Inductor's 122 s. What the C++ wrapper saves (1-3 µs of Python per op and call) stays below
+# the measurement's noise at these sizes (371 / 369 ms, 722 / 734 ms, 1408 / 1413 ms a call); it counts in small
+# graphs (a decode step, a tiny model), which stay under the limit.
+CPP_WRAPPER_MAX_OPS = 600
+
+
+def _graph_ops(gm) -> int:
+    return sum(1 for node in gm.graph.nodes if node.op in ("call_function", "call_method", "call_module"))
 
 
 def _cpp_wrapper_fits(gm, example_inputs) -> bool:

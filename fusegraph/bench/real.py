@@ -247,10 +247,14 @@ def _make_fn(model, inputs: dict, dtype, variant: str, threads: int, shared: boo
         return _openvino(model, inputs, dtype, threads, restore=shared)
     if variant.split(":")[0] == "fusegraph":
         from fusegraph import Backend, CompilationConfig
+        from fusegraph.config import with_compile_args
 
         overrides = _overrides(variant.partition(":")[2])
         mode = overrides.pop("mode", None)  # fusegraph:mode=reduce-overhead, as torch.compile(mode=...) takes it
-        return torch.compile(model, backend=Backend(CompilationConfig(**overrides)), mode=mode)
+        # the rest as torch.compile(options=...) takes them: CompilationConfig and FusionPatterns fields by name
+        # (fusegraph:pack_weights=True, fusegraph:enable_linear=True) or Inductor options
+        config = with_compile_args(CompilationConfig(), options=overrides)
+        return torch.compile(model, backend=Backend(config), mode=mode)
     raise SystemExit(f"bench real: argument --variants: unknown variant {variant!r}")
 
 
@@ -350,7 +354,8 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="bf16")
     p.add_argument("--tokens", default="256,64", help="image/video and text tokens (default 256,64)")
     p.add_argument("--layers", type=int, default=1, help="blocks of each kind (default 1: FLUX.1 and HunyuanVideo 1 double + 1 single block; the single-kind models 2 blocks)")
-    p.add_argument("--variants", default=";".join(DEFAULT_VARIANTS), help="';'-separated (default: %(default)s)")
+    p.add_argument("--variants", default=";".join(DEFAULT_VARIANTS), help="';'-separated (default: %(default)s); 'fusegraph:NAME=VALUE,...' sets CompilationConfig or FusionPatterns "
+                   "fields or Inductor options, as torch.compile(options=...) does (mode=M: torch.compile's mode)")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",

@@ -292,6 +292,25 @@ def test_bench_real_interleaved_rotates_the_order_and_times_every_variant(monkey
     assert set(res["memory_mib"]) == {"a", "b", "openvino"}
 
 
+def test_bench_real_fusegraph_variants_take_compile_options_by_name(monkeypatch):
+    """'fusegraph:NAME=VALUE,...' sets CompilationConfig and FusionPatterns fields (and Inductor options) as
+    torch.compile(options=...) does; mode= is torch.compile's mode; an unknown name raises naming it."""
+    import fusegraph
+    from fusegraph.bench import real
+
+    seen = []
+    monkeypatch.setattr(fusegraph, "Backend", lambda config: seen.append(config) or "backend")
+    monkeypatch.setattr(torch, "compile", lambda model, backend=None, mode=None: (backend, mode))
+    model = torch.nn.Linear(2, 2)
+    assert real._make_fn(model, {}, torch.float32, "fusegraph:enable_linear=True,cpp_wrapper=False,"
+                         "mode=reduce-overhead,max_autotune_gemm=False", 1) == ("backend", "reduce-overhead")
+    (config,) = seen
+    assert config.fusion_patterns.enable_linear is True and config.cpp_wrapper is False
+    assert config.inductor_options == {"max_autotune_gemm": False}
+    with pytest.raises(ValueError, match="unknown option 'no_such_field'"):
+        real._make_fn(model, {}, torch.float32, "fusegraph:no_such_field=1", 1)
+
+
 def test_bench_real_interleave_prints_a_second_table(tmp_path, capsys):
     """End to end at LTX-Video widths, 4 + 4 tokens, eager only: the per-process row, then the interleaved
     process's table, both in the JSON."""
