@@ -309,7 +309,10 @@ class CompilationConfig(_ConfigBase):
                                       "(one C++ function calls its kernels, extern GEMMs and fusegraph's ops) instead "
                                       "of its Python wrapper, which costs 1-3 us of Python per op and allocation "
                                       "per call. Where the C++ wrapper fails to compile, the Python one is used "
-                                      "(logged, stats.fallbacks). Plain torch.compile uses the Python wrapper.")
+                                      "(logged, stats.fallbacks), and for a graph of more than "
+                                      "pipeline.CPP_WRAPPER_MAX_OPS (600) ops, whose C++ wrapper g++ would compile "
+                                      "in superlinear time (logged at INFO). Plain torch.compile uses the Python "
+                                      "wrapper.")
     fusion_choice = _Field("auto", _choice("auto", "model", "always"),
                            "Inductor route only: 'auto' (alias 'model') keeps a fused op where it is "
                            "predicted faster than Inductor's own code for the site and lowers it back to aten ops "

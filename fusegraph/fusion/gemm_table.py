@@ -23,10 +23,14 @@ The choice comes from a table measured per CPU class (``vendor/class`` key: ``Au
 every shape and by ``MARGIN`` overall. The tables of the development machines' classes (an AMD Zen 5 and an Intel
 Xeon with AMX, each measured on itself and its narrower classes emulated there) ship as ``gemm_cpu.json``;
 ``python -m fusegraph bench gemm --calibrate`` measures the user's own machine into the cache directory, which then
-takes precedence. An entry may carry ``decided_by``: its kernel was decided by a measurement on the class's real
-hardware, not by the emulated one beside it, and a new emulated calibration keeps that kernel (AMD AVX2 float32:
-emulated on the Zen 5, oneDNN measures 1.07-1.17x MKL; on a real AVX2-only EPYC, issue 38, 0.91-1.06x). A class no
-table covers gets ``aten`` for every
+takes precedence. An entry may carry ``decided_by``: its kernel was decided by another measurement than the
+isolated GEMMs beside it, and a later calibration written into the same table keeps that kernel:
+- on the class's real hardware where the table was emulated (AMD AVX2 float32: emulated on the Zen 5, oneDNN
+  measures 1.07-1.17x MKL; on a real AVX2-only EPYC, issue 38, 0.91-1.06x);
+- on whole models where the isolated GEMMs and the models disagree (Intel float32, every class: the table's GEMMs
+  read the two kernels level, 0.96-1.07x, while FLUX.1, Wan 2.1 and SD3.5 each run 1-16 % faster with oneDNN's; a
+  GEMM timed alone, over and over on one weight, is not what it is inside a model).
+A class no table covers gets ``aten`` for every
 dtype: eager's kernel, so never slower than eager or Inductor (which call the same kernels). The choice is read at
 compile time and never measured during a compile: the same inputs give the same outputs from the first call.
 """
