@@ -354,8 +354,10 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="bf16")
     p.add_argument("--tokens", default="256,64", help="image/video and text tokens (default 256,64)")
     p.add_argument("--layers", type=int, default=1, help="blocks of each kind (default 1: FLUX.1 and HunyuanVideo 1 double + 1 single block; the single-kind models 2 blocks)")
-    p.add_argument("--variants", default=";".join(DEFAULT_VARIANTS), help="';'-separated (default: %(default)s); 'fusegraph:NAME=VALUE,...' sets CompilationConfig or FusionPatterns "
-                   "fields or Inductor options, as torch.compile(options=...) does (mode=M: torch.compile's mode)")
+    p.add_argument("--variants", default=";".join(DEFAULT_VARIANTS),
+                   help="';'-separated (default: %(default)s); 'fusegraph:NAME=VALUE,...' sets CompilationConfig or "
+                   "FusionPatterns fields or Inductor options, as torch.compile(options=...) does (mode=M: "
+                   "torch.compile's mode)")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
