@@ -28,7 +28,7 @@ isolated GEMMs beside it, and a later calibration written into the same table ke
 - on the class's real hardware where the table was emulated (AMD AVX2 float32: emulated on the Zen 5, oneDNN
   measures 1.07-1.17x MKL; on a real AVX2-only EPYC, issue 38, 0.91-1.06x);
 - on whole models where the isolated GEMMs and the models disagree (Intel float32, every class: the table's GEMMs
-  read the two kernels level, 0.96-1.07x, while FLUX.1, Wan 2.1 and SD3.5 each run 1-16 % faster with oneDNN's; a
+  read the two kernels level, 0.96-1.07x, while FLUX.1, Wan 2.1 and SD3.5 each run 1-17 % faster with oneDNN's; a
   GEMM timed alone, over and over on one weight, is not what it is inside a model; and Intel bf16 with AVX512-BF16
   but no AMX, where one 64-row shape kept oneDNN's bf16 matmul for the class while whole models ran 1.37-1.45x
   faster widened).
