@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -270,14 +271,28 @@ def _memory_mib(device: str) -> float:
 
 def _timed(fn, inputs: dict, device: str) -> float:
     """Seconds of one call of ``fn``, to the end of its device work."""
+    return _timed_faults(fn, inputs, device)[0]
+
+
+def _minor_faults() -> int:
+    """The process's minor page faults so far (pages the kernel had to map and zero on first touch)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def _timed_faults(fn, inputs: dict, device: str) -> tuple:
+    """(seconds, minor page faults) of one call of ``fn``, to the end of its device work. The faults are memory
+    the call touched that the process did not hold: on CPU, buffers glibc's malloc had returned to the system
+    since the last call (it trims the top of its heap on free and serves large requests with fresh mappings),
+    each page mapped and zeroed again, ~1-7 us apiece in a virtual machine."""
     import torch
 
     sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
     sync()
+    f0 = _minor_faults()
     t0 = time.perf_counter()
     fn(**inputs)
     sync()
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, _minor_faults() - f0
 
 
 def run_variant(model_name: str, variant: str, dtype_name: str, img_tokens: int, txt_tokens: int, layers: int,
@@ -301,11 +316,13 @@ def run_variant(model_name: str, variant: str, dtype_name: str, img_tokens: int,
         first = time.perf_counter() - t0
         for _ in range(warmup):
             fn(**inputs)
-        times = [_timed(fn, inputs, device) for _ in range(reps)]
+        timed = [_timed_faults(fn, inputs, device) for _ in range(reps)]
+        times = [t for t, _ in timed]
         rss1 = _memory_mib(device)
     return {"model": model_name, "variant": variant, "dtype": dtype_name, "device": device,
             "weights_mib": weight_bytes / 2**20,
             "resident_mib": rss1 - rss0, "first_s": first, "median_s": statistics.median(times),
+            "faults_per_call": statistics.median(f for _, f in timed),
             "max_diff": float((out.float() - ref.float()).abs().max()), "ref_max": float(ref.float().abs().max())}
 
 
@@ -317,8 +334,10 @@ def run_interleaved(model_name: str, variants: list, dtype_name: str, img_tokens
     "median_s": {variant: s}, "first_s": {variant: s}, "memory_mib": {variant: MiB}}``: ``first_s`` is each
     variant's first call (its compile; the variants compile one after another in this process, so a later one may
     find kernels an earlier one compiled), ``memory_mib`` what the process's memory grew by over the variant's
-    compile and first three calls (resident set; on CUDA the allocator's reserve). OpenVINO's converted copy of the
-    weights stays resident beside the model."""
+    compile and first three calls (resident set; on CUDA the allocator's reserve), ``faults_per_call`` the median
+    minor page faults of its timed calls (``_timed_faults``; the variants share this process's heap, so a call's
+    count also depends on what the call before it left there). OpenVINO's converted copy of the weights stays
+    resident beside the model."""
     import torch
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
@@ -337,15 +356,19 @@ def run_interleaved(model_name: str, variants: list, dtype_name: str, img_tokens
             memory[variant] = _memory_mib(device) - mem0
             fns[variant] = fn
         times = {v: [] for v in variants}
+        faults = {v: [] for v in variants}
         orders = []
         for r in range(rounds):
             k = r % len(variants)
             order = variants[k:] + variants[:k]
             orders.append(order)
             for variant in order:
-                times[variant].append(_timed(fns[variant], inputs, device))
+                t, f = _timed_faults(fns[variant], inputs, device)
+                times[variant].append(t)
+                faults[variant].append(f)
     return {"order": orders, "times_s": times, "median_s": {v: statistics.median(t) for v, t in times.items()},
-            "first_s": first, "memory_mib": memory}
+            "first_s": first, "memory_mib": memory,
+            "faults_per_call": {v: statistics.median(f) for v, f in faults.items()}}
 
 
 def main(argv=None) -> int:
@@ -408,7 +431,7 @@ def main(argv=None) -> int:
     print(f"{summary}; blocks x{args.layers}, {img}+{txt} tokens, {args.dtype}; {machine_summary(args.device)}")
     if not args.interleave_only:
         print(f"{'variant':40s} {'weights':>9s} {'resident +':>11s} {'% of w':>7s} {'first call':>11s} "
-              f"{'median':>10s} {'vs inductor':>12s} {'max|diff|':>10s} {'/ max|out|':>10s}")
+              f"{'median':>10s} {'vs inductor':>12s} {'faults/call':>11s} {'max|diff|':>10s} {'/ max|out|':>10s}")
     rows = []
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     import shutil
@@ -451,7 +474,7 @@ def main(argv=None) -> int:
         print(f"{variant:40s} {row['weights_mib']:7.0f} M {row['resident_mib']:9.0f} M "
               f"{100 * row['resident_mib'] / row['weights_mib']:6.1f}% {row['first_s']:9.1f} s "
               f"{'' if row.get('first_warm_s') is None else format(row['first_warm_s'], '5.1f') + ' s warm  '}"
-              f"{row['median_s'] * 1e3:8.0f} ms {rel} {row['max_diff']:10.2e} "
+              f"{row['median_s'] * 1e3:8.0f} ms {rel} {row['faults_per_call']:11.0f} {row['max_diff']:10.2e} "
               f"{row['max_diff'] / max(row['ref_max'], 1e-30):10.2e}", flush=True)
     interleaved = None
     if args.interleave:  # what failed or is not installed above is left out here too
@@ -492,10 +515,11 @@ def _interleave_process(args, variants: list, env: dict):
     result = json.loads(lines[-1])
     med = result["median_s"]
     base = med.get("inductor")
-    print(f"{'variant':40s} {'median':>11s} {'vs inductor':>12s} {'first call':>11s} {'memory +':>10s}   per round")
+    print(f"{'variant':40s} {'median':>11s} {'vs inductor':>12s} {'first call':>11s} {'memory +':>10s} "
+          f"{'faults/call':>11s}   per round")
     for v in variants:
         rel = f"{base / med[v]:11.3f}x" if base else f"{'':12s}"
         spread = " ".join(f"{t * 1e3:.1f}" for t in result["times_s"][v])
         print(f"{v:40s} {med[v] * 1e3:8.2f} ms {rel} {result['first_s'][v]:9.1f} s {result['memory_mib'][v]:8.0f} M"
-              f"   (ms): {spread}", flush=True)
+              f" {result['faults_per_call'][v]:11.0f}   (ms): {spread}", flush=True)
     return result

@@ -1,6 +1,7 @@
 """Smoke tests of ``python -m fusegraph bench ops`` and ``python -m fusegraph demo`` at tiny shapes, plus
 checks that their eager baselines are what diffusers really computes."""
 import json
+import mmap
 import statistics
 import types
 
@@ -233,6 +234,7 @@ def test_bench_real_builds_published_widths_and_runs_a_variant():
     assert "2048 = 32 x 64" in summary
     row = real.run_variant("ltx", "eager", "bf16", 4, 4, 1, 1, 1)
     assert row["max_diff"] == 0 and row["median_s"] > 0 and row["weights_mib"] > 300  # 2 blocks: 177 M parameters
+    assert row["faults_per_call"] >= 0
 
 
 def test_bench_real_device_arguments(capsys):
@@ -273,6 +275,9 @@ def test_bench_real_interleaved_rotates_the_order_and_times_every_variant(monkey
         def fn(**kw):
             calls.append(variant)
             clock[0] += {"a": 0.001, "b": 0.004, "openvino": 0.002}[variant] * (1 + 0.1 * len(calls) % 3)
+            if variant == "b":  # a call that touches 64 MiB the process did not hold: faults, every call
+                with mmap.mmap(-1, 64 << 20) as fresh:
+                    fresh[::mmap.PAGESIZE] = b"\1" * ((64 << 20) // mmap.PAGESIZE)
             return (m(kw["input"]),)
         return fn
 
@@ -290,6 +295,9 @@ def test_bench_real_interleaved_rotates_the_order_and_times_every_variant(monkey
     # each variant's first call (its compile) timed on its own, and what the process grew by over its warm-up
     assert res["first_s"]["a"] < res["first_s"]["openvino"] < res["first_s"]["b"]
     assert set(res["memory_mib"]) == {"a", "b", "openvino"}
+    # minor page faults per call: the fresh 64 MiB mapping's pages (32 even if all were 2 MiB huge pages)
+    faults = res["faults_per_call"]
+    assert faults["b"] >= 32 and faults["b"] > faults["a"], faults
 
 
 def test_bench_real_fusegraph_variants_take_compile_options_by_name(monkeypatch):
