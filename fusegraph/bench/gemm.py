@@ -32,17 +32,20 @@ QUICK = [(64, 128, 512), (320, 128, 512), (320, 1536, 1536)]
 def _route(m, k, n, dtype) -> str:
     """What the fusion pass (default config) makes of this linear on this machine."""
     from fusegraph.config import FusionPatterns
+    from fusegraph.fusion import gemm_table
     from fusegraph.fusion.patterns import gemv, linear
 
     if m > gemv.MAX_ROWS and m * k * n >= linear.MIN_MACS \
             and dtype in linear.routed_dtypes(FusionPatterns().enable_linear):
         return "linear"
-    if m <= gemv.MAX_ROWS and n * k >= gemv.MIN_WEIGHT:
+    if m <= gemv.MAX_ROWS and n * k >= gemv.MIN_WEIGHT and gemm_table.gemv_lookup(dtype, m)[0] == "fused":
         return "gemv"
     return "addmm"
 
 
 def main(argv=None) -> int:
+    from fusegraph.fusion import gemm_table
+
     p = argparse.ArgumentParser(prog="python -m fusegraph bench gemm", description=__doc__.split("\n\n")[0])
     p.add_argument("--dtype", default=None, help="comma list of fp32, bf16, fp16 (default fp32,bf16; with "
                    "--calibrate every dtype, and a list measures only those, keeping the table's other entries)")
@@ -52,25 +55,34 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None, metavar="PATH", help="write every number (+ machine, date) here")
     p.add_argument("--calibrate", action="store_true", help="measure this CPU class's table (the published models' "
                    "GEMM shapes, every dtype) into the cache directory: the linear family's rule from then on")
+    p.add_argument("--part", choices=("all",) + gemm_table.PARTS, default="all",
+                   help="with --calibrate: measure the many-row linears (kernel, packing), the few-row ones "
+                        "(fusegraph.gemv per row count) or both (default); the table keeps the other part")
     p.add_argument("--ship", action="store_true", help="with --calibrate: write into the shipped table "
                    "(fusegraph/fusion/gemm_cpu.json) instead")
     args = p.parse_args(argv)
     if args.ship and not args.calibrate:
         p.error("--ship: only with --calibrate")
+    if args.part != "all" and not args.calibrate:
+        p.error("--part: only with --calibrate")
     timing.setup_device("cpu", args.threads)
     dtypes = timing.parse_dtypes(args.dtype or "fp32,bf16")
-    from fusegraph.fusion import gemm_table
     from fusegraph.fusion.patterns import linear
 
     print(timing.machine_summary("cpu"))
     if args.calibrate:
         names = tuple(str(d).replace("torch.", "") for d in dtypes) if args.dtype else gemm_table.DTYPES
-        entries = gemm_table.measure(names, reps=args.reps or 5, progress=lambda line: print(" ", line, flush=True))
+        parts = gemm_table.PARTS if args.part == "all" else (args.part,)
+        entries = gemm_table.measure(names, reps=args.reps or 5, progress=lambda line: print(" ", line, flush=True),
+                                     parts=parts)
         path = gemm_table.save(entries, gemm_table._SHIPPED if args.ship else None)
         for name, e in entries.items():
-            pack = (f"; with pack_weights=True: {e['pack']} (the faster plain kernel / packed, geometric mean "
-                    f"{e['pack_geomean']:.2f}x)") if "pack" in e else ""
-            print(f"{name}: {e['kernel']} (aten/fused geometric mean {e['geomean']:.2f}x){pack}")
+            if "kernel" in e:
+                pack = (f"; with pack_weights=True: {e['pack']} (the faster plain kernel / packed, geometric mean "
+                        f"{e['pack_geomean']:.2f}x)") if "pack" in e else ""
+                print(f"{name}: {e['kernel']} (aten/fused geometric mean {e['geomean']:.2f}x){pack}")
+            if "gemv" in e:
+                print(f"{name}, few rows: " + ", ".join(f"{m} rows {k}" for m, k in e["gemv"].items()))
         print(f"wrote {path}")
         linear.machine_rule.cache_clear()
         if args.json:

@@ -32,6 +32,14 @@ isolated GEMMs beside it, and a later calibration written into the same table ke
   GEMM timed alone, over and over on one weight, is not what it is inside a model; and Intel bf16 with AVX512-BF16
   but no AMX, where one 64-row shape kept oneDNN's bf16 matmul for the class while whole models ran 1.37-1.45x
   faster widened).
+A second choice per class and dtype is for linears of a few rows (a decode step's projections, at most
+``gemv.MAX_ROWS``): ``fusegraph.gemv`` (``fused``: one pass over the weight, bandwidth-bound) or the kernel eager
+calls, decided per row count measured (``GEMV_ROWS``: a site of M rows takes the verdict of the smallest measured
+count >= M) at the published widths (``GEMV_SHAPES``), by the same rule (faster at every shape and by ``MARGIN``
+overall). With AMX, ATen's bf16 matmul on 8 rows is 1.6x faster than the few-row kernel while on one row it is
+1.7x slower (BENCHMARKS §1.3). The AMD classes' tables predate these entries: theirs carry ``gemv_decided_by``,
+the few-row kernel kept at every row count as it was measured on the Zen 5 when it was built. A class with no
+few-row entry gets ``fused`` only at the dtype and row count where every class measured says so.
 A class no table covers gets ``aten`` for every
 dtype: eager's kernel, so never slower than eager or Inductor (which call the same kernels). The choice is read at
 compile time and never measured during a compile: the same inputs give the same outputs from the first call.
@@ -60,6 +68,10 @@ MARGIN = 0.05  # fused must be this much faster in geometric mean (and faster at
 # 9728) at 320 tokens; the pass's sites have at least 2^20 multiply-adds and more than gemv.MAX_ROWS rows
 SHAPES = ((320, 3072, 3072), (320, 3072, 12288), (320, 12288, 3072), (320, 1536, 8960), (320, 2432, 2432),
           (64, 1536, 1536))
+# few-row linears (the gemv family's sites): the row counts measured and the (in, out) widths of FLUX.1's
+# projections and MLP, Wan 2.1 1.3B's FFN and SD3.5 Large's projections
+GEMV_ROWS = (1, 2, 4, 8)
+GEMV_SHAPES = ((3072, 3072), (3072, 12288), (12288, 3072), (1536, 8960), (2432, 2432))
 _SHIPPED = os.path.join(os.path.dirname(__file__), "gemm_cpu.json")
 
 
@@ -70,10 +82,14 @@ def _checked(data) -> dict:
         if not isinstance(per_dtype, dict):
             raise ValueError(f"{key}: expected a dict per dtype")
         for dtype, entry in per_dtype.items():
-            if dtype not in DTYPES or not isinstance(entry, dict) or entry.get("kernel") not in KERNELS:
+            if dtype not in DTYPES or not isinstance(entry, dict) or entry.get("kernel", "aten") not in KERNELS:
                 raise ValueError(f"{key}/{dtype}: expected one of {DTYPES} with a kernel in {KERNELS}")
             if entry.get("pack", "none") not in PACKS:
                 raise ValueError(f"{key}/{dtype}: pack {entry.get('pack')!r}, expected one of {PACKS}")
+            gemv = entry.get("gemv", {})
+            if not isinstance(gemv, dict) or any(not str(m).isdigit() or int(m) < 1 or k not in KERNELS
+                                                 for m, k in gemv.items()):
+                raise ValueError(f"{key}/{dtype}: gemv {gemv!r}, expected row counts mapped to one of {KERNELS}")
     return data
 
 
@@ -99,11 +115,36 @@ def lookup(dtype: torch.dtype, key: Optional[str] = None) -> tuple:
     key = key or cpu_class.key()
     for source, table in zip(("calibrated here", "measured for this class"), _tables()):
         entry = table.get(key, {}).get(name)
-        if entry is not None:
+        if entry is not None and "kernel" in entry:
             ratio = entry.get("geomean")
             how = f", aten/fused time {ratio:.2f}x" if isinstance(ratio, (int, float)) else ""
             return entry["kernel"], f"{key} {name}: {source}{how}"
     return "aten", f"{key} {name}: class not measured (eager's kernel)"
+
+
+def _gemv_verdict(gemv: dict, rows: int) -> Optional[str]:
+    """The kernel a few-row entry gives a site of ``rows`` rows: the verdict of the smallest measured count >= it."""
+    counts = sorted(int(m) for m in gemv)
+    at = next((m for m in counts if m >= rows), None)
+    return None if at is None else gemv[str(at)]
+
+
+def gemv_lookup(dtype: torch.dtype, rows: int, key: Optional[str] = None) -> tuple:
+    """(kernel, why) for a linear of ``rows`` (<= gemv.MAX_ROWS) rows of ``dtype`` on this machine's class (or
+    ``key``): ``"fused"`` (``fusegraph.gemv``) or ``"aten"`` (the kernel eager calls). A class without few-row
+    entries: ``fused`` only where every class measured says so."""
+    name = str(dtype).replace("torch.", "")
+    key = key or cpu_class.key()
+    for source, table in zip(("calibrated here", "measured for this class"), _tables()):
+        kernel = _gemv_verdict(table.get(key, {}).get(name, {}).get("gemv", {}), rows)
+        if kernel is not None:
+            return kernel, f"{key} {name}, {rows} rows: {source}"
+    verdicts = [_gemv_verdict(per_dtype.get(name, {}).get("gemv", {}), rows)
+                for table in _tables() for per_dtype in table.values()]
+    verdicts = [v for v in verdicts if v is not None]
+    kernel = "fused" if verdicts and all(v == "fused" for v in verdicts) else "aten"
+    return kernel, (f"{key} {name}, {rows} rows: class not measured ({'every' if kernel == 'fused' else 'not every'}"
+                    f" class measured runs it fused)")
 
 
 def pack_lookup(dtype: torch.dtype = torch.float32, key: Optional[str] = None) -> tuple:
@@ -141,11 +182,20 @@ def _median_seconds(fns: dict, reps: int) -> dict:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def measure(dtypes=DTYPES, shapes=SHAPES, reps: int = 5, progress=None) -> dict:
-    """{dtype: entry} for this process's class: each shape's aten and fused times and the verdict."""
+PARTS = ("many-rows", "few-rows")
+
+
+def measure(dtypes=DTYPES, shapes=SHAPES, reps: int = 5, progress=None, parts=PARTS) -> dict:
+    """{dtype: entry} for this process's class: each shape's aten and fused times and the verdicts, for linears of
+    many rows (``"many-rows"`` in ``parts``: the entry's ``kernel`` and ``pack``) and of a few (``"few-rows"``: its
+    ``gemv``, per row count)."""
     out = {}
     gen = torch.Generator().manual_seed(0)
     for name in dtypes:
+        if "few-rows" in parts:
+            out[name] = measure_gemv(getattr(torch, name), reps=max(reps, 7), progress=progress)
+        if "many-rows" not in parts:
+            continue
         dtype = getattr(torch, name)
         rows = []
         for m, k, n in shapes:
@@ -165,8 +215,32 @@ def measure(dtypes=DTYPES, shapes=SHAPES, reps: int = 5, progress=None) -> dict:
                 line += f", packed {med['packed'] * 1e3:.2f} ms"
             if progress:
                 progress(f"{line}, {rows[-1]['ratio']:.2f}x")
-        out[name] = _verdict(rows)
+        out[name] = {**out.get(name, {}), **_verdict(rows)}
     return out
+
+
+def measure_gemv(dtype: torch.dtype, rows=GEMV_ROWS, shapes=GEMV_SHAPES, reps: int = 7, progress=None) -> dict:
+    """``{"gemv": {rows: kernel}, "gemv_shapes": [...]}`` for ``dtype`` on this process's class: ``addmm`` (what
+    eager calls) against ``fusegraph.gemv`` at each row count and width, interleaved medians; ``fused`` for a row
+    count where the few-row kernel is faster at every width and by ``MARGIN`` in geometric mean."""
+    gen = torch.Generator().manual_seed(1)
+    verdicts, measured = {}, []
+    for m in rows:
+        ratios = []
+        for k, n in shapes:
+            x = torch.randn(m, k, generator=gen).to(dtype)
+            w = (torch.randn(n, k, generator=gen) * k ** -0.5).to(dtype)
+            b = torch.randn(n, generator=gen).to(dtype)
+            med = _median_seconds({"aten": lambda: torch.addmm(b, x, w.t()),
+                                   "fused": lambda: torch.ops.fusegraph.gemv(x, w, b)}, reps)
+            ratios.append(med["aten"] / med["fused"])
+            measured.append({"shape": [m, k, n], "aten_s": med["aten"], "fused_s": med["fused"],
+                             "ratio": ratios[-1]})
+            if progress:
+                progress(f"{str(dtype).replace('torch.', '')} {m}x{k}x{n} (few rows): aten {med['aten'] * 1e3:.3f} ms, "
+                         f"gemv {med['fused'] * 1e3:.3f} ms, {ratios[-1]:.2f}x")
+        verdicts[str(m)] = "fused" if _geomean(ratios) >= 1 + MARGIN and all(r > 1 for r in ratios) else "aten"
+    return {"gemv": verdicts, "gemv_shapes": measured}
 
 
 def _geomean(ratios) -> float:
@@ -201,11 +275,14 @@ def save(entries: dict, path: Optional[str] = None, key: Optional[str] = None) -
     per_dtype = data["classes"].setdefault(key, {})
     for name, entry in entries.items():
         old = per_dtype.get(name, {})
-        if "decided_by" in old and "decided_by" not in entry:
+        if "kernel" in entry and "decided_by" in old and "decided_by" not in entry:
             # the kernel was decided by a measurement on the class's real hardware, which emulation cannot replace
             # (another machine's caches): keep it; packing is judged on the layout alone (``_verdict``)
-            entry = {**_verdict(entry["shapes"], old["kernel"]), "decided_by": old["decided_by"]}
-        per_dtype[name] = entry
+            entry = {**entry, **_verdict(entry["shapes"], old["kernel"]), "decided_by": old["decided_by"]}
+        merged = {**old, **entry}  # a part not measured now (many rows, few rows) keeps its entries
+        if "gemv" in entry:
+            merged.pop("gemv_decided_by", None)  # measured here: what decided it before no longer does
+        per_dtype[name] = merged
     data["meta"][key] = {"torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
                          "threads": torch.get_num_threads(), "describe": cpu_class.describe()}
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

@@ -98,7 +98,8 @@ class FusionPass(_PassBase):
                                                        self.config.pack_weights),  # freezing.py
                                                       ("cpp_wrapper", self.config.cpp_wrapper),
                                                       ("linear", patterns.BY_NAME["linear"].on(fp),
-                                                       [str(d) for d in linear_rule.routed_dtypes(fp.enable_linear)]))
+                                                       [str(d) for d in linear_rule.routed_dtypes(fp.enable_linear)]),
+                                                      ("gemv", _few_row_key(fp.enable_gemv)))
         return hashlib.sha256(repr((_source_hash(), opts)).encode()).hexdigest()
 
     def __deepcopy__(self, memo):  # Inductor may deep-copy its config; the pass is stateless as far as it is concerned
@@ -143,6 +144,16 @@ def _restore(graph: torch.fx.Graph, saved: torch.fx.Graph) -> bool:
     graph.output(value, type_expr=output.type).meta = dict(output.meta)
     graph.lint()
     return True
+
+
+def _few_row_key(mode) -> list:
+    """What ``enable_gemv=mode`` fuses here, per dtype and row count (the class's table under "auto")."""
+    from . import gemm_table
+    from .patterns import gemv, linear as linear_family
+
+    if mode != "auto":
+        return [bool(mode)]
+    return [gemm_table.gemv_lookup(d, m)[0] for d in linear_family.DTYPES for m in range(1, gemv.MAX_ROWS + 1)]
 
 
 def _record_key(gm, example_inputs, pass_uuid, freezing) -> str:

@@ -208,6 +208,47 @@ def test_float32_packing_verdict_and_lookup(monkeypatch, tmp_path):
         gemm_table.reload()
 
 
+def test_gemm_table_few_row_part_is_measured_and_kept_apart(tmp_path, monkeypatch):
+    """The few-row verdicts (``gemv``: row count -> kernel) and the many-row ones are measured and saved apart: a
+    calibration of one part keeps the other; a measured few-row part replaces what ``gemv_decided_by`` kept; a
+    malformed few-row entry makes the table unreadable (ignored), never half-trusted."""
+    import json
+
+    from fusegraph.fusion import gemm_table
+
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps({"version": 1, "meta": {}, "classes": {"AuthenticAMD/avx2": {"bfloat16": {
+        "kernel": "fused", "gemv": {"1": "fused", "8": "fused"}, "gemv_decided_by": "as built"}}}}))
+    monkeypatch.setattr(gemm_table.cpu_class, "key", lambda: "AuthenticAMD/avx2")
+    monkeypatch.setattr(gemm_table, "_SHIPPED", str(path))
+    monkeypatch.setattr(gemm_table, "calibration_path", lambda: str(tmp_path / "none.json"))
+    try:
+        gemm_table.reload()
+        assert gemm_table.gemv_lookup(torch.bfloat16, 3)[0] == "fused"
+        gemm_table.save({"bfloat16": {"gemv": {"1": "fused", "2": "fused", "4": "aten", "8": "aten"},
+                                      "gemv_shapes": []}}, str(path))
+        entry = json.loads(path.read_text())["classes"]["AuthenticAMD/avx2"]["bfloat16"]
+        assert entry["kernel"] == "fused" and "gemv_decided_by" not in entry  # the many-row part kept
+        assert [gemm_table.gemv_lookup(torch.bfloat16, m)[0] for m in (1, 2, 3, 4, 8)] == \
+            ["fused", "fused", "aten", "aten", "aten"]
+        assert gemm_table.gemv_lookup(torch.bfloat16, 16)[0] == "aten"  # beyond every measured count
+        rows = [{"shape": [320, 8, 8], "aten_s": 1.0, "fused_s": 1.1, "ratio": 1 / 1.1}]
+        gemm_table.save({"bfloat16": gemm_table._verdict(rows)}, str(path))
+        entry = json.loads(path.read_text())["classes"]["AuthenticAMD/avx2"]["bfloat16"]
+        assert entry["kernel"] == "aten" and entry["gemv"]["4"] == "aten"  # the few-row part kept
+        path.write_text(json.dumps({"version": 1, "classes": {"AuthenticAMD/avx2": {"bfloat16": {
+            "kernel": "aten", "gemv": {"1": "gemv"}}}}}))
+        gemm_table.reload()
+        assert gemm_table.lookup(torch.bfloat16)[1].endswith("class not measured (eager's kernel)")
+        # measured: the few-row kernel against addmm at each row count and width (tiny widths here: fast)
+        e = gemm_table.measure_gemv(torch.float32, rows=(1, 2), shapes=((64, 32),), reps=1)
+        assert set(e["gemv"]) == {"1", "2"} and set(e["gemv"].values()) <= {"fused", "aten"}
+        assert [r["shape"] for r in e["gemv_shapes"]] == [[1, 64, 32], [2, 64, 32]]
+    finally:
+        monkeypatch.undo()
+        gemm_table.reload()
+
+
 @pytest.mark.parametrize("overrides,exc,words", [
     (dict(graph_only=1), TypeError, ["graph_only", "1"]),
     (dict(graph_max_entries=-1), ValueError, ["graph_max_entries", "-1"]),

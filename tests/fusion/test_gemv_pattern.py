@@ -1,5 +1,6 @@
 """gemv family: linear layers of a few rows with a large weight become fusegraph.gemv (decode projections) on
-every route; more rows, small weights and the switch leave them alone."""
+every route; more rows, small weights and the switch leave them alone; with enable_gemv="auto" (the default) only
+at the dtypes and row counts the CPU class's table says the few-row kernel wins."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -7,7 +8,17 @@ import torch.nn.functional as F
 from fusegraph import Backend, CompilationConfig
 from fusegraph.bench.decode import DecodeBlock, make_inputs
 from fusegraph.graph import GraphRunner
+from fusegraph.fusion import gemm_table
 from fusegraph.graph.host import trace_fused
+
+@pytest.fixture(autouse=True)
+def _few_row_kernel_wins(request, monkeypatch):
+    """The site rules below are the machine's business only through the table: pinned to "the few-row kernel wins"
+    for them (on some CPU classes it loses at some row counts, tested with their own tables at the end)."""
+    if request.function not in (test_auto_follows_the_class_table_per_dtype_and_row_count,
+                                test_a_class_without_few_row_entries_fuses_only_where_every_class_does):
+        monkeypatch.setattr(gemm_table, "gemv_lookup", lambda dtype, rows, key=None: ("fused", "pinned by the test"))
+
 
 ROUTES = {"default": {}, "aten": dict(inductor=False), "graph_with_compile": dict(graph_with_compile=True)}
 
@@ -94,3 +105,57 @@ def test_leading_dims_stay_whole():
     assert not [t for t in targets if "view" in str(t) or "reshape" in str(t)], targets
     with torch.no_grad():
         torch.testing.assert_close(GraphRunner(module)(x), module(x), rtol=1e-5, atol=1e-5)
+
+
+def _table(tmp_path, monkeypatch, classes):
+    """``classes`` ({key: {dtype: entry}}) as the shipped GEMM table, no user calibration."""
+    import json
+
+    path = tmp_path / "gemm.json"
+    path.write_text(json.dumps({"version": gemm_table.VERSION, "classes": classes, "meta": {}}))
+    monkeypatch.setattr(gemm_table, "_SHIPPED", str(path))
+    monkeypatch.setattr(gemm_table, "calibration_path", lambda: str(tmp_path / "none.json"))
+    gemm_table.reload()
+
+
+def test_auto_follows_the_class_table_per_dtype_and_row_count(tmp_path, monkeypatch):
+    """"auto": a site of M rows takes the verdict of the smallest measured row count >= M for its dtype (AMX's
+    bf16: the few-row kernel on 1-2 rows, ATen's matmul on 4-8); True fuses every site whatever the table."""
+    from fusegraph._core import cpu_class
+
+    key = cpu_class.key()
+    _table(tmp_path, monkeypatch, {key: {"bfloat16": {"gemv": {"1": "fused", "2": "fused", "4": "aten", "8": "aten"}},
+                                         "float32": {"gemv": {"1": "aten", "2": "aten", "4": "fused", "8": "fused"}}}})
+    try:
+        module = Proj(dtype=torch.bfloat16).eval()
+        for rows, fused in ((1, 1), (2, 1), (3, 0), (8, 0)):
+            x = torch.randn(rows, 512, dtype=torch.bfloat16)
+            assert _counts(module, [x])["gemv"] == fused, rows
+            assert _counts(module, [x], fusion_patterns={"enable_gemv": True})["gemv"] == 1, rows
+        module = Proj().eval()
+        for rows, fused in ((1, 0), (3, 1), (8, 1)):
+            assert _counts(module, [torch.randn(rows, 512)])["gemv"] == fused, rows
+        assert gemm_table.gemv_lookup(torch.bfloat16, 3) == ("aten", f"{key} bfloat16, 3 rows: measured for this class")
+        module, x = Proj(dtype=torch.bfloat16).eval(), torch.randn(8, 512, dtype=torch.bfloat16)
+        with torch.no_grad():
+            torch.testing.assert_close(torch.compile(module, backend="fusegraph")(x), module(x))
+    finally:
+        gemm_table.reload()
+
+
+def test_a_class_without_few_row_entries_fuses_only_where_every_class_does(tmp_path, monkeypatch):
+    _table(tmp_path, monkeypatch, {
+        "Vendor/a": {"float16": {"gemv": {"1": "fused", "8": "fused"}},
+                     "bfloat16": {"gemv": {"1": "fused", "8": "aten"}}},
+        "Vendor/b": {"float16": {"gemv": {"1": "fused", "8": "fused"}},
+                     "bfloat16": {"gemv": {"1": "fused", "8": "fused"}}, "float32": {"kernel": "fused"}}})
+    try:
+        lookup = gemm_table.gemv_lookup
+        assert lookup(torch.float16, 8, key="Vendor/none")[0] == "fused"
+        assert lookup(torch.bfloat16, 1, key="Vendor/none")[0] == "fused"
+        assert lookup(torch.bfloat16, 2, key="Vendor/none")[0] == "aten"  # a measured at 8 rows: aten
+        assert lookup(torch.float32, 1, key="Vendor/none") == (
+            "aten", "Vendor/none float32, 1 rows: class not measured (not every class measured runs it fused)")
+        assert lookup(torch.bfloat16, 2, key="Vendor/b")[0] == "fused"  # its own entry
+    finally:
+        gemm_table.reload()

@@ -22,10 +22,28 @@ constexpr int64_t kRowsX = 2;  // x rows per pass
 // this project's AMD Zen 5: ~11 GB/s, as addmm; 17-25 GB/s with it; 2 KiB and 4 KiB ahead were slower again).
 constexpr int64_t kPrefetchBytes = 1024;
 
-template <typename T>
+// Which hint the prefetch carries is the vendor's microarchitecture, not the ISA: the kernel was tuned with the
+// non-temporal one (prefetchnta) on the Zen 5, but on Intel cores prefetchnta fills L1 only, bypassing L2, and the
+// lines are gone before the next pass over the block reads them: on an Intel Xeon (Sapphire Rapids class, every
+// ISA class emulated there) the kernel ran at 0.3-0.9x of addmm with it and 1.0-1.7x with prefetcht0 (BENCHMARKS
+// §1.3). AMD keeps the hint it was measured with; every other x86 CPU takes T0.
+inline bool prefetch_non_temporal() {
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+  static const bool amd = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_is("amd") != 0;
+  }();
+  return amd;
+#else
+  return false;
+#endif
+}
+
+template <bool kNta, typename T>
 inline void prefetch_ahead(const T* p) {
 #if defined(__GNUC__) || defined(__clang__)
-  __builtin_prefetch(p + kPrefetchBytes / static_cast<int64_t>(sizeof(T)), 0, 0);  // past a row's end: harmless
+  // past a row's end: harmless
+  __builtin_prefetch(p + kPrefetchBytes / static_cast<int64_t>(sizeof(T)), 0, kNta ? 0 : 3);
 #else
   (void)p;
 #endif
@@ -39,7 +57,7 @@ inline void prefetch_ahead(const T* p) {
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 // out[m, n0 + j] for m in [m0, m0 + MX), j in [0, NW): MX x NW float32 dot products over K.
-template <typename T, int MX, int NW>
+template <typename T, int MX, int NW, bool kNta>
 inline void block(const float* xf, int64_t k_pad, int64_t m0, const T* w, int64_t ldw, int64_t K, int64_t n0,
                   const T* bias, T* out, int64_t ldo) {
   using IO = VecIO<T>;
@@ -50,7 +68,7 @@ inline void block(const float* xf, int64_t k_pad, int64_t m0, const T* w, int64_
   for (int64_t k = 0; k < k_full; k += IO::kBlock) {
     fVec wa[NW], wb[NW];
     for (int j = 0; j < NW; ++j) {
-      prefetch_ahead(w + (n0 + j) * ldw + k);
+      prefetch_ahead<kNta>(w + (n0 + j) * ldw + k);
       IO::load(w + (n0 + j) * ldw + k, wa[j], wb[j]);
     }
     for (int r = 0; r < MX; ++r) {
@@ -83,12 +101,30 @@ inline void block(const float* xf, int64_t k_pad, int64_t m0, const T* w, int64_
 #pragma GCC diagnostic pop
 #endif
 
-template <typename T, int NW>
+template <typename T, int NW, bool kNta>
 inline void rows(const float* xf, int64_t k_pad, int64_t M, const T* w, int64_t ldw, int64_t K, int64_t n0,
                  const T* bias, T* out, int64_t ldo) {
   int64_t m = 0;
-  for (; m + kRowsX <= M; m += kRowsX) block<T, kRowsX, NW>(xf, k_pad, m, w, ldw, K, n0, bias, out, ldo);
-  for (; m < M; ++m) block<T, 1, NW>(xf, k_pad, m, w, ldw, K, n0, bias, out, ldo);
+  for (; m + kRowsX <= M; m += kRowsX) block<T, kRowsX, NW, kNta>(xf, k_pad, m, w, ldw, K, n0, bias, out, ldo);
+  for (; m < M; ++m) block<T, 1, NW, kNta>(xf, k_pad, m, w, ldw, K, n0, bias, out, ldo);
+}
+
+template <typename T, bool kNta>
+void weight_blocks(const float* xf, int64_t k_pad, int64_t M, const T* w, int64_t ldw, int64_t K, int64_t N,
+                   const T* b, T* o) {
+  const int64_t blocks = at::divup(N, kRowsW);
+  // about 64 Ki weight elements per task
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, kRowsW * K));
+  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      const int64_t n0 = blk * kRowsW;
+      if (n0 + kRowsW <= N) {
+        rows<T, kRowsW, kNta>(xf, k_pad, M, w, ldw, K, n0, b, o, N);
+      } else {
+        for (int64_t n = n0; n < N; ++n) rows<T, 1, kNta>(xf, k_pad, M, w, ldw, K, n, b, o, N);
+      }
+    }
+  });
 }
 
 template <typename T>
@@ -107,19 +143,11 @@ void run(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, 
   const T* w = weight.const_data_ptr<T>();
   const T* b = bias.defined() ? bias.const_data_ptr<T>() : nullptr;
   T* o = out.mutable_data_ptr<T>();
-  const int64_t blocks = at::divup(N, kRowsW);
-  // about 64 Ki weight elements per task
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, kRowsW * K));
-  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
-    for (int64_t blk = b0; blk < b1; ++blk) {
-      const int64_t n0 = blk * kRowsW;
-      if (n0 + kRowsW <= N) {
-        rows<T, kRowsW>(xf, k_pad, M, w, weight.stride(0), K, n0, b, o, N);
-      } else {
-        for (int64_t n = n0; n < N; ++n) rows<T, 1>(xf, k_pad, M, w, weight.stride(0), K, n, b, o, N);
-      }
-    }
-  });
+  if (prefetch_non_temporal()) {
+    weight_blocks<T, true>(xf, k_pad, M, w, weight.stride(0), K, N, b, o);
+  } else {
+    weight_blocks<T, false>(xf, k_pad, M, w, weight.stride(0), K, N, b, o);
+  }
 }
 
 void gemv_kernel(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, at::Tensor& out) {

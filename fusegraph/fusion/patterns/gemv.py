@@ -7,10 +7,15 @@ project's CPU: a 1 x 512 by 512 x 1536 fp32 projection 40 -> 33 us, bf16 54 -> 1
 sites with a weight of at least ``MIN_WEIGHT`` elements are fused: below that the call itself is the cost, which
 MKL's own gemv pays the same. ``W`` is what a ``Linear``'s ``t(weight)`` decomposes to: ``permute(weight, [1, 0])``
 or, after freezing, the folded constant with the same strides.
+
+Where: ``enable_gemv`` ``"auto"`` (default) fuses a site of M rows and a dtype where the table measured for the CPU
+class says the few-row kernel is the faster one at that row count (``gemm_table.gemv_lookup``: with AMX, ATen's
+bf16 matmul wins on 8 rows, the few-row kernel on one); ``True`` every site; ``False`` none.
 """
 import torch
 from ..._core.torch_pattern_matcher import CallFunction, KeywordArg, register_graph_pattern
 
+from .. import gemm_table
 from . import _anchors
 from ._family import Candidate, Family
 
@@ -29,9 +34,10 @@ def _plain(n) -> bool:
     return isinstance(n, int) and not isinstance(n, bool)
 
 
-def site_ok(x, w, bias=None) -> bool:
+def site_ok(x, w, bias=None, mode=True) -> bool:
     """x [M <= MAX_ROWS, K], w [K, N] with strides (1, K) (a row-major [N, K] weight, transposed), N * K >=
-    MIN_WEIGHT, optional bias [N]; CPU, one float dtype; static sizes."""
+    MIN_WEIGHT, optional bias [N]; CPU, one float dtype; static sizes; and, with ``mode`` ``"auto"``, a dtype and
+    row count for which the CPU class's table says the few-row kernel is faster (``gemm_table.gemv_lookup``)."""
     xv, wv = _val(x), _val(w)
     if not isinstance(xv, torch.Tensor) or not isinstance(wv, torch.Tensor) or xv.dim() != 2 or wv.dim() != 2:
         return False
@@ -47,19 +53,19 @@ def site_ok(x, w, bias=None) -> bool:
         bv = _val(bias)
         if not isinstance(bv, torch.Tensor) or bv.dtype != xv.dtype or tuple(bv.shape) != (n,):
             return False
-    return True
+    return mode != "auto" or gemm_table.gemv_lookup(xv.dtype, m)[0] == "fused"
 
 
-def _check_mm(match) -> bool:
+def _check_mm(match, mode=True) -> bool:
     node = match.output_node()
-    return site_ok(node.args[0], node.args[1])
+    return site_ok(node.args[0], node.args[1], mode=mode)
 
 
-def _check_addmm(match) -> bool:
+def _check_addmm(match, mode=True) -> bool:
     node = match.output_node()
     if node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
         return False
-    return site_ok(node.args[1], node.args[2], node.args[0])
+    return site_ok(node.args[1], node.args[2], node.args[0], mode=mode)
 
 
 def _is_transpose(node) -> bool:
@@ -121,13 +127,15 @@ def replace(node, x, w, bias, op=None):
 
 
 def register(pm, opts) -> None:
-    @register_graph_pattern(CallFunction(aten.mm.default, KeywordArg("x"), KeywordArg("w")), extra_check=_check_mm,
-                            pass_dict=pm)
+    mode = opts.enable_gemv  # "auto": the table is asked at each match (the registration is cached)
+
+    @register_graph_pattern(CallFunction(aten.mm.default, KeywordArg("x"), KeywordArg("w")),
+                            extra_check=lambda match: _check_mm(match, mode), pass_dict=pm)
     def _mm(match, x, w):
         replace(match.output_node(), x, w, None)
 
     @register_graph_pattern(CallFunction(aten.addmm.default, KeywordArg("b"), KeywordArg("x"), KeywordArg("w")),
-                            extra_check=_check_addmm, pass_dict=pm)
+                            extra_check=lambda match: _check_addmm(match, mode), pass_dict=pm)
     def _addmm(match, b, x, w):
         replace(match.output_node(), x, w, b)
 
@@ -136,9 +144,12 @@ def register(pm, opts) -> None:
 
 
 def _anchor(node):
-    """A linear layer of a few rows with a large weight (mm/addmm), as this family defines its sites."""
-    return _anchors.matmul_anchor(node, site_ok, "mm of a few rows", "addmm of a few rows")
+    """A linear layer of a few rows with a large weight (mm/addmm) of a dtype and row count the "auto" rule fuses, as
+    this family defines its sites."""
+    return _anchors.matmul_anchor(node, lambda *a: site_ok(*a, mode="auto"), "mm of a few rows",
+                                  "addmm of a few rows")
 
 
 # Not lowered, not calibrated: it replaces an extern call (mm) for which Inductor generates no code of its own.
-FAMILY = Family("gemv", "enable_gemv", register, ops=("gemv.default",), candidates=(Candidate(_anchor),))
+FAMILY = Family("gemv", "enable_gemv", register, options=("enable_gemv",), ops=("gemv.default",),
+                candidates=(Candidate(_anchor),))
