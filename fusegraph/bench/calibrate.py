@@ -1,4 +1,4 @@
-"""``python -m fusegraph bench calibrate [--threads N] [--dtypes fp32,bf16,fp16] [--out PATH]``
+"""``python -m fusegraph bench calibrate [--threads N] [--dtypes fp32,bf16,fp16] [--rows 128,3072] [--out PATH]``
 
 Measures the table the Inductor route's per-site choice reads (fusegraph.fusion.choice): for each pattern family,
 dtype and size (1 Ki to 4 Mi elements), the fused op's time (called as Inductor's wrapper calls it) and the time of
@@ -29,6 +29,9 @@ def main(argv=None) -> int:
     p.add_argument("--dtypes", default="fp32,bf16,fp16")
     p.add_argument("--families", default=",".join(choice.CALIBRATED))
     p.add_argument("--sizes", default="10,13,16,19,22", help="log2 of the elements per site, comma-separated")
+    p.add_argument("--rows", default=None, help="row widths the row-wise families (norms, modulations) are measured "
+                   "at, comma-separated (default: the table's default width, 128; the published models' hidden "
+                   "widths, e.g. 128,3072, let the choice judge a site by the width nearest its own)")
     p.add_argument("--out", default=None, help="the calibration file to write (default: the cache directory's)")
     args = p.parse_args(argv)
     try:
@@ -45,10 +48,16 @@ def main(argv=None) -> int:
     unknown = [f for f in families if f not in choice.CALIBRATED]
     if unknown:
         p.error(f"--families: unknown {unknown}; expected a comma-separated subset of {list(choice.CALIBRATED)}")
+    try:
+        rows = tuple(sorted({int(r) for r in args.rows.split(",")})) if args.rows else (choice.ROW,)
+    except ValueError:
+        p.error(f"--rows: expected comma-separated integers (row widths), got {args.rows!r}")
+    if min(rows) < 1 or max(rows) > max(sizes):
+        p.error(f"--rows: each between 1 and the largest size ({max(sizes)} elements), got {args.rows!r}")
     torch.set_num_threads(args.threads)
     print(f"fusegraph bench calibrate: {machine_summary(args.device)}")
     result = choice.calibrate(args.device, dtypes, args.threads, sizes=sizes, families=families,
-                              progress=lambda line: print(" ", line, flush=True))
+                              progress=lambda line: print(" ", line, flush=True), rows=rows)
     path = choice.save_calibration(result, args.out)
     print(f"wrote {path}")
     return 0

@@ -44,6 +44,7 @@ from .._core import cache, cpu_class
 from .._core.cache import number, read_json
 from .patterns import BY_NAME, FAMILIES, PATTERN_NAMES
 from .patterns._family import overload
+from .patterns._lowering import ROW
 
 log = logging.getLogger("fusegraph")
 
@@ -228,15 +229,16 @@ class CostModel:
         return self.predict(family, device, dtype, numel, threads)[0]
 
     def predict(self, family: str, device: torch.device, dtype: torch.dtype, numel: int,
-                threads: Optional[int] = None) -> tuple:
-        """(t(Inductor) / t(fused), the fused op's time in microseconds) for one site; (None, None) when nothing
-        was measured, the time None when the table has ratios only."""
+                threads: Optional[int] = None, row: Optional[int] = None) -> tuple:
+        """(t(Inductor) / t(fused), the fused op's time in microseconds) for one site of ``numel`` elements in rows
+        of ``row`` (a row-wise family's table answers from the measured row width nearest it; None: the table's
+        default width); (None, None) when nothing was measured, the time None when the table has ratios only."""
         candidates = self._tables_for(device)
         if not candidates:
             return None, None
         # a class with no table of its own: the least favourable prediction over every class measured, so a site
         # stays fused only where the fused op won on each of them
-        return min((self._predict(t, family, dtype, numel, threads) for t in candidates),
+        return min((self._predict(t, family, dtype, numel, threads, row) for t in candidates),
                    key=lambda p: (p[0] is None, p[0] if p[0] is not None else 0.0))
 
     def _tables_for(self, device: torch.device) -> list:
@@ -252,10 +254,11 @@ class CostModel:
         return []
 
     @staticmethod
-    def _predict(per_device: dict, family: str, dtype: torch.dtype, numel: int, threads: Optional[int]) -> tuple:
+    def _predict(per_device: dict, family: str, dtype: torch.dtype, numel: int, threads: Optional[int],
+                 row: Optional[int] = None) -> tuple:
         threads = torch.get_num_threads() if threads is None else threads
         key = min(per_device, key=lambda k: (abs(int(k) - threads), int(k)))  # nearest measured thread count
-        points = per_device[key].get(family, {}).get(str(dtype).replace("torch.", ""))
+        points = _points_for_row(per_device[key].get(family, {}), str(dtype).replace("torch.", ""), row)
         if not points:
             return None, None
         x = math.log2(max(numel, 1))
@@ -271,6 +274,30 @@ class CostModel:
                                else None)  # the time interpolated in log-log
         last = points[-1]
         return last[1], (last[2] * 2.0 ** (x - last[0]) if timed else None)  # above: the time ~ numel
+
+
+def _points_for_row(per_dtype: dict, dtype: str, row: Optional[int]) -> Optional[list]:
+    """A family's points for ``dtype`` at the measured row width nearest ``row`` in log scale (the key ``dtype``
+    holds the calibration's default width, ``ROW``; ``dtype@<row>`` others); the default width's when ``row`` is
+    None or no other width was measured."""
+    widths = {ROW: per_dtype.get(dtype)}
+    for k, points in per_dtype.items():
+        name, _, width = k.partition("@")
+        if name == dtype and width.isdigit() and int(width) > 0:
+            widths[int(width)] = points
+    widths = {w: p for w, p in widths.items() if p}
+    if not widths:
+        return None
+    if row is None or len(widths) == 1:
+        return widths.get(ROW) or next(iter(widths.values()))
+    x = math.log2(max(row, 1))
+    return widths[min(widths, key=lambda w: (abs(math.log2(w) - x), w))]
+
+
+def _row_key(dtype: torch.dtype, row: int) -> str:
+    """The cost table's key for ``dtype`` at row width ``row``."""
+    name = str(dtype).replace("torch.", "")
+    return name if row == ROW else f"{name}@{row}"
 
 
 _model: Optional[CostModel] = None
@@ -289,16 +316,27 @@ def calibration_path() -> str:
     return cache.path(f"cost_v{TABLE_VERSION}.json")
 
 
+def _hint(n) -> Optional[int]:
+    """An int, or a symbolic size's example value, without a guard (int() would specialise the graph to it)."""
+    if isinstance(n, torch.SymInt):
+        n = getattr(n.node, "hint", None)
+    return int(n) if isinstance(n, int) else None
+
+
 def _site_size(node) -> tuple:
     """(dtype, numel) a site is judged by: its output's."""
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor):
         return None, None
-    numel = val.numel()
-    if isinstance(numel, torch.SymInt):  # a symbolic size: judged by its example value, without a guard (int()
-        numel = getattr(numel.node, "hint", None)  # would specialise the graph to this size)
-        numel = int(numel) if isinstance(numel, int) else None
-    return val.dtype, numel
+    return val.dtype, _hint(val.numel())
+
+
+def _site_row(node) -> Optional[int]:
+    """The row width a site is judged by (its output's last dimension), or None."""
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or val.dim() == 0:
+        return None
+    return _hint(val.shape[-1])
 
 
 def decide(node: torch.fx.Node) -> tuple:
@@ -318,7 +356,7 @@ def _decide(node: torch.fx.Node) -> tuple:
     if _float64_args(node):  # the op runs such calls as plain torch ops, not its kernel: Inductor's code is better
         return False, None, None
     device = node.meta["val"].device
-    ratio, fused_us = cost_model().predict(family, device, dtype, numel)
+    ratio, fused_us = cost_model().predict(family, device, dtype, numel, row=_site_row(node))
     if ratio is None:
         return True, None, None
     saved = None if fused_us is None else (ratio - 1) * fused_us
@@ -372,9 +410,10 @@ def choose(graph: torch.fx.Graph, config=None, *, stats=None, decisions: Optiona
 # ---------------------------------------------------------------------------------------------------------
 # Calibration: ``python -m fusegraph bench calibrate``
 
-def _site_args(family: str, numel: int, dtype, device):
+def _site_args(family: str, numel: int, dtype, device, row: int = None):
     """(op overload, args, kwargs): the family's representative site (``Family.calibration``) at ``numel``
-    elements, random values of ``dtype`` on ``device``."""
+    elements (in rows of ``row`` for a row-wise family; None: its default width), random values of ``dtype`` on
+    ``device``."""
     f = BY_NAME.get(family)
     if f is None or not f.calibrated:
         raise ValueError(f"unknown family {family!r}")
@@ -383,6 +422,8 @@ def _site_args(family: str, numel: int, dtype, device):
     def rnd(*shape, dt=dtype):
         return torch.randn(*shape, generator=g, dtype=torch.float32).to(dt).to(device)
 
+    if f.row_wise and row is not None:
+        return f.calibration(numel, rnd, row=row)
     return f.calibration(numel, rnd)
 
 
@@ -424,9 +465,11 @@ def _overhead_seconds(device) -> float:
 
 
 def calibrate(device="cpu", dtypes=(torch.float32, torch.bfloat16, torch.float16), threads=None,
-              sizes=tuple(2 ** k for k in range(10, 23, 3)), families=None, progress=None) -> dict:
+              sizes=tuple(2 ** k for k in range(10, 23, 3)), families=None, progress=None, rows=(ROW,)) -> dict:
     """Measures the table the cost model reads, for this device and thread count; returns it (merged into the
-    existing calibration file by ``save_calibration``)."""
+    existing calibration file by ``save_calibration``). ``rows``: the row widths a row-wise family (a norm) is
+    measured at, each under its own key (``_row_key``); sizes below one row are skipped there. The other
+    families are measured at their default width once."""
     device = torch.device(device)
     threads = torch.get_num_threads() if threads is None else threads
     old = torch.get_num_threads()
@@ -435,19 +478,22 @@ def calibrate(device="cpu", dtypes=(torch.float32, torch.bfloat16, torch.float16
         overhead = _overhead_seconds(device)
         table = {}
         for family in families or CALIBRATED:
-            for dtype in dtypes:
-                points = []
-                for numel in sizes:
-                    target, args, kwargs = _site_args(family, numel, dtype, device)
-                    with torch.no_grad():
-                        fused, ind = paired_medians([lambda: target(*args, **kwargs),
-                                                     _inductor_fn(target, args, kwargs)], sync=sync_for(device))
-                    ind = max(ind - overhead, 1e-9)
-                    points.append([round(math.log2(numel), 3), round(ind / fused, 4), round(fused * 1e6, 3)])
-                    if progress is not None:
-                        progress(f"{family:14s} {str(dtype):15s} numel 2^{int(math.log2(numel)):<3d} "
-                                 f"fused {fused * 1e6:9.2f} us  inductor {ind * 1e6:9.2f} us  ratio {ind / fused:.2f}")
-                table.setdefault(family, {})[str(dtype).replace("torch.", "")] = points
+            for row in (rows if BY_NAME[family].row_wise else (ROW,)):
+                for dtype in dtypes:
+                    points = []
+                    for numel in (n for n in sizes if n >= row):
+                        target, args, kwargs = _site_args(family, numel, dtype, device, row)
+                        with torch.no_grad():
+                            fused, ind = paired_medians([lambda: target(*args, **kwargs),
+                                                         _inductor_fn(target, args, kwargs)], sync=sync_for(device))
+                        ind = max(ind - overhead, 1e-9)
+                        points.append([round(math.log2(numel), 3), round(ind / fused, 4), round(fused * 1e6, 3)])
+                        if progress is not None:
+                            progress(f"{family:14s} {str(dtype):15s} row {row:<5d} numel 2^{int(math.log2(numel)):<3d} "
+                                     f"fused {fused * 1e6:9.2f} us  inductor {ind * 1e6:9.2f} us  "
+                                     f"ratio {ind / fused:.2f}")
+                    if points:
+                        table.setdefault(family, {})[_row_key(dtype, row)] = points
     finally:
         torch.set_num_threads(old)
     return {_device_key(device): {str(threads): table}, "_overhead_us": {str(threads): overhead * 1e6}}

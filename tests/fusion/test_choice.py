@@ -1,6 +1,8 @@
 """The Inductor route's per-site choice (fusegraph.fusion.choice): lowerings equal to the ops, the cost model's
 reading of its table, and the backend keeping / lowering sites as the model says."""
+import functools
 import json
+import unittest.mock
 
 import pytest
 import torch
@@ -112,6 +114,34 @@ def test_cost_model_reads_the_table_of_the_cpu_class(monkeypatch):
     monkeypatch.setattr(cpu_class, "key", lambda: "V/fast")
     assert CostModel(legacy, "test").ratio("gelu", cpu, torch.float32, 2 ** 10, threads=1) == 3.0
     assert choice._device_key(cpu) == "cpu@V/fast" and choice._device_key(torch.device("cuda")) == "cuda"
+
+
+def test_cost_model_judges_a_row_wise_site_by_the_nearest_measured_width():
+    """A norm's table may hold several row widths ("float32" at the default 128, "float32@3072"): a site takes the
+    width nearest its own in log scale; without a width, or with one width measured, the default's; a family
+    measured at one width answers for every width."""
+    model = CostModel({"cpu": {"1": {"adaln": {"float32": [[10, 0.5], [22, 0.5]],
+                                               "float32@3072": [[13, 1.5], [22, 1.5]]},
+                                     "gelu": {"float32@512": [[10, 2.0], [22, 2.0]]}}}}, "test")
+    cpu = torch.device("cpu")
+    ratio = functools.partial(model.ratio, "adaln", cpu, torch.float32, 2 ** 19, 1)
+    assert model.predict("adaln", cpu, torch.float32, 2 ** 19, threads=1, row=3072)[0] == 1.5
+    assert model.predict("adaln", cpu, torch.float32, 2 ** 19, threads=1, row=1536)[0] == 1.5  # nearer 3072
+    assert model.predict("adaln", cpu, torch.float32, 2 ** 19, threads=1, row=128)[0] == 0.5
+    assert model.predict("adaln", cpu, torch.float32, 2 ** 19, threads=1, row=600)[0] == 0.5  # nearer 128
+    assert ratio() == 0.5  # no width: the default's
+    assert model.predict("adaln", cpu, torch.bfloat16, 2 ** 19, threads=1, row=3072) == (None, None)
+    assert model.predict("gelu", cpu, torch.float32, 2 ** 19, threads=1, row=64)[0] == 2.0  # the one width
+
+    def site(shape):
+        g = torch.fx.Graph()
+        x, s = g.placeholder("x"), g.placeholder("s")
+        node = g.call_function(fg.adaln.default, (x, s, s, 1e-6))
+        node.meta["val"] = torch.empty(shape)
+        return node
+
+    with unittest.mock.patch.object(choice, "_model", model):
+        assert choice.decide(site((1, 320, 3072)))[0] and not choice.decide(site((1, 7680, 128)))[0]
 
 
 def test_cost_model_interpolates_the_fused_time_in_log_log():

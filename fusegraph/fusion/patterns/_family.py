@@ -110,6 +110,10 @@ class Family:
     # (numel, rnd(*shape, dt=dtype)) -> (op overload, args, kwargs): one representative site of ``numel`` elements
     # for ``python -m fusegraph bench calibrate``; None: not calibrated.
     calibration: Optional[Callable] = None
+    # Whether the site's cost depends on its row width (a norm's reduction length), not only on its elements: the
+    # calibration site then takes ``row=`` and the cost table may hold other widths than ``_lowering.ROW`` (keys
+    # "<dtype>@<row>"); the choice reads the measured width nearest the site's.
+    row_wise: bool = False
     candidates: tuple = ()  # Candidate records: explain's unfused candidates of this family
     # Form records: every source form the family may register with register_replacement (``register`` decides
     # the order and the combinations); empty for families registered as graph patterns (kv_attention, gemv, linear)

@@ -52,12 +52,12 @@ def adaln_site(*, norm: str, shift: bool):
     """The calibration site of an adaln family (``Family.calibration``): a LayerNorm (``norm="layer"``) or an
     RMSNorm (``"rms"``) modulation, with or without a shift."""
 
-    def site(numel, rnd):
+    def site(numel, rnd, row=ROW):
         from ._family import overload
 
-        rows = max(numel // ROW, 1)
-        x = rnd(1, rows, ROW)
-        scale, shift_ = rnd(1, 1, ROW), rnd(1, 1, ROW)
+        rows = max(numel // row, 1)
+        x = rnd(1, rows, row)
+        scale, shift_ = rnd(1, 1, row), rnd(1, 1, row)
         return overload("adaln.default"), (x, scale, shift_ if shift else None, 1e-6), {"norm": norm}
 
     return site

@@ -390,4 +390,4 @@ def _no_modulation(anchor, nearby):
 
 FAMILY = Family("adaln", "enable_adalayernorm", register, ops=("adaln.default",), claims=_claims,
                 lowerings={"adaln.default": lower}, calibration=adaln_site(norm="layer", shift=True),
-                candidates=(Candidate(_anchor, no_site=_no_modulation),), forms=FORMS)
+                row_wise=True, candidates=(Candidate(_anchor, no_site=_no_modulation),), forms=FORMS)

@@ -287,4 +287,4 @@ def _anchor(node):
 
 FAMILY = Family("adaln_noshift", "enable_adalayernorm", register, ops=("adaln.default",), claims=_claims,
                 lowerings={"adaln.default": lower}, calibration=adaln_site(norm="layer", shift=False),
-                candidates=(Candidate(_anchor, modulates_rms=True),), forms=RMS_FORMS + LN_FORMS)
+                row_wise=True, candidates=(Candidate(_anchor, modulates_rms=True),), forms=RMS_FORMS + LN_FORMS)

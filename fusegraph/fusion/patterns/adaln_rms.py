@@ -436,4 +436,4 @@ def _anchor(node):
 
 FAMILY = Family("adaln_rms", "enable_adalayernorm", register, ops=("adaln.default",), claims=_claims,
                 lowerings={"adaln.default": lower}, calibration=adaln_site(norm="rms", shift=True),
-                candidates=(Candidate(_anchor, modulates_rms=True),), forms=FORMS)
+                row_wise=True, candidates=(Candidate(_anchor, modulates_rms=True),), forms=FORMS)

@@ -201,9 +201,9 @@ def lower(out_dtype, x, weight=None, eps=1e-6, bias=None, *, style="torch"):
     return n.to(out_dtype)
 
 
-def _calibration_site(numel, rnd):
-    rows = max(numel // ROW, 1)
-    return overload("rms_norm.default"), (rnd(rows, ROW), rnd(ROW), 1e-6), {}
+def _calibration_site(numel, rnd, row=ROW):
+    rows = max(numel // row, 1)
+    return overload("rms_norm.default"), (rnd(rows, row), rnd(row), 1e-6), {}
 
 
 def _anchor(node):
@@ -222,5 +222,5 @@ def _anchor(node):
 
 
 FAMILY = Family("rms_norm", "enable_rms_norm", register, ops=("rms_norm.default",),
-                lowerings={"rms_norm.default": lower}, calibration=_calibration_site, candidates=(Candidate(_anchor),),
-                forms=FORMS)
+                lowerings={"rms_norm.default": lower}, calibration=_calibration_site, row_wise=True,
+                candidates=(Candidate(_anchor),), forms=FORMS)
