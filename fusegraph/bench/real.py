@@ -336,8 +336,9 @@ def run_interleaved(model_name: str, variants: list, dtype_name: str, img_tokens
     find kernels an earlier one compiled), ``memory_mib`` what the process's memory grew by over the variant's
     compile and first three calls (resident set; on CUDA the allocator's reserve), ``faults_per_call`` the median
     minor page faults of its timed calls (``_timed_faults``; the variants share this process's heap, so a call's
-    count also depends on what the call before it left there). OpenVINO's converted copy of the weights stays
-    resident beside the model."""
+    count also depends on what the call before it left there), ``failed`` {variant: "Error: first line"} for a
+    variant that could not compile or make its first calls here (the others are timed without it). OpenVINO's
+    converted copy of the weights stays resident beside the model."""
     import torch
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
@@ -346,15 +347,21 @@ def run_interleaved(model_name: str, variants: list, dtype_name: str, img_tokens
     with torch.no_grad():
         model(**inputs)  # an eager call first, as in run_variant: it fills the model's caches (Qwen-Image's RoPE)
         # OpenVINO converts first, before any compile sees the model it casts to fp32 and back
-        first, memory = {}, {}
+        first, memory, failed = {}, {}, {}
         for variant in sorted(variants, key=lambda v: v != "openvino"):
             mem0 = _memory_mib(device)
-            fn = _make_fn(model, inputs, dtype, variant, threads, shared=True)
-            first[variant] = _timed(fn, inputs, device)
-            for _ in range(2):
-                fn(**inputs)
+            try:
+                fn = _make_fn(model, inputs, dtype, variant, threads, shared=True)
+                first[variant] = _timed(fn, inputs, device)
+                for _ in range(2):
+                    fn(**inputs)
+            except Exception as e:  # one variant that cannot run here (OpenVINO's bf16 under the AVX2 caps)
+                failed[variant] = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+                first.pop(variant, None)
+                continue
             memory[variant] = _memory_mib(device) - mem0
             fns[variant] = fn
+        variants = [v for v in variants if v not in failed]
         times = {v: [] for v in variants}
         faults = {v: [] for v in variants}
         orders = []
@@ -368,7 +375,7 @@ def run_interleaved(model_name: str, variants: list, dtype_name: str, img_tokens
                 faults[variant].append(f)
     return {"order": orders, "times_s": times, "median_s": {v: statistics.median(t) for v, t in times.items()},
             "first_s": first, "memory_mib": memory,
-            "faults_per_call": {v: statistics.median(f) for v, f in faults.items()}}
+            "faults_per_call": {v: statistics.median(f) for v, f in faults.items()}, "failed": failed}
 
 
 def main(argv=None) -> int:
@@ -485,6 +492,8 @@ def main(argv=None) -> int:
                        "tokens": [img, txt], "layers": args.layers, "rows": rows, "interleaved": interleaved}, f,
                       indent=1)
     complete = len(ran) == len(variants) if args.interleave_only else len(rows) == len(variants)
+    if interleaved and interleaved.get("failed"):
+        complete = False
     return 0 if complete and (not args.interleave or interleaved) else 1
 
 
@@ -517,7 +526,11 @@ def _interleave_process(args, variants: list, env: dict):
     base = med.get("inductor")
     print(f"{'variant':40s} {'median':>11s} {'vs inductor':>12s} {'first call':>11s} {'memory +':>10s} "
           f"{'faults/call':>11s}   per round")
+    for v, why in result.get("failed", {}).items():
+        print(f"{v:40s} failed: {why[:200]}")
     for v in variants:
+        if v not in med:
+            continue
         rel = f"{base / med[v]:11.3f}x" if base else f"{'':12s}"
         spread = " ".join(f"{t * 1e3:.1f}" for t in result["times_s"][v])
         print(f"{v:40s} {med[v] * 1e3:8.2f} ms {rel} {result['first_s'][v]:9.1f} s {result['memory_mib'][v]:8.0f} M"

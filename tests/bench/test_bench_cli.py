@@ -300,6 +300,32 @@ def test_bench_real_interleaved_rotates_the_order_and_times_every_variant(monkey
     assert faults["b"] >= 32 and faults["b"] > faults["a"], faults
 
 
+def test_bench_real_interleaved_times_the_others_when_one_variant_fails(monkeypatch):
+    """A variant that cannot run on this machine (OpenVINO's bf16 under the AVX2 caps: 'Supported primitive
+    descriptors list is empty') is named with its error and left out; the others are still timed."""
+    from fusegraph.bench import real
+
+    model = torch.nn.Linear(8, 8)
+    calls = []
+
+    def make_fn(m, inputs, dtype, variant, threads, shared=False):
+        def fn(**kw):
+            calls.append(variant)
+            if variant == "openvino":
+                raise RuntimeError("Supported primitive descriptors list is empty for node: Softmax_1\nmore")
+            return (m(kw["input"]),)
+        return fn
+
+    monkeypatch.setattr(real, "build", lambda *a, **k: (model, {"input": torch.randn(2, 8)}, "tiny"))
+    monkeypatch.setattr(real, "_make_fn", make_fn)
+    res = real.run_interleaved("flux", ["a", "openvino", "b"], "bf16", 4, 4, 1, 3, 1)
+    assert res["failed"] == {"openvino": "RuntimeError: Supported primitive descriptors list is empty for node: "
+                                         "Softmax_1"}
+    assert calls.count("openvino") == 1 and "openvino" not in res["median_s"] and "openvino" not in res["first_s"]
+    assert res["order"] == [["a", "b"], ["b", "a"], ["a", "b"]]
+    assert {v: len(t) for v, t in res["times_s"].items()} == {"a": 3, "b": 3}
+
+
 def test_bench_real_fusegraph_variants_take_compile_options_by_name(monkeypatch):
     """'fusegraph:NAME=VALUE,...' sets CompilationConfig and FusionPatterns fields (and Inductor options) as
     torch.compile(options=...) does; mode= is torch.compile's mode; an unknown name raises naming it."""

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# One table per CPU class (BENCHMARKS §1.5): the three published-width models in both dtypes under each class this
+# machine can run (its own and the emulated ones, `python -m fusegraph --cpu-class C`), 1 thread.
+#
+#   CLASSES="native avx512_bf16 avx512 avx2" MODELS="flux wan sd35" DTYPES="fp32 bf16" scripts/class_sweep.sh
+#   MODE=memory CLASSES=... scripts/class_sweep.sh
+#
+# MODE=speed (default): every variant in one process, ROUNDS interleaved rounds (order rotated each round), into
+# docs/results/bench_real_MODEL_DTYPE_t1_class_KEY.{json,txt}. MODE=memory: Inductor and fusegraph each in a process
+# of its own (resident memory beyond the model, first call, error), into ..._class_KEY_mem.{json,txt}. KEY is the
+# class as the process reports it (vendor and ISA: intel_amx, intel_avx2, amd_avx512_bf16...), so sweeps on other
+# machines add files beside these; docs/results/class_sweep_KEY.txt records the machine, the caps, the commit and
+# the date, and scripts/bench_real_tables.py --classes prints the tables. A run whose file exists is skipped (delete
+# it to re-run), so an interrupted sweep resumes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+CLASSES=${CLASSES:-native avx512_bf16 avx512 avx2}
+MODELS=${MODELS:-flux wan sd35}
+DTYPES=${DTYPES:-fp32 bf16}
+ROUNDS=${ROUNDS:-5}
+MODE=${MODE:-speed}
+case "$MODE" in
+    speed) VARIANTS=${VARIANTS:-eager;inductor;inductor_tuned;fusegraph;openvino}; suffix=""
+           how=(--interleave "$ROUNDS" --interleave-only) ;;
+    memory) VARIANTS=${VARIANTS:-inductor;fusegraph}; suffix=_mem; how=(--reps 3) ;;
+    *) echo "MODE: expected speed or memory, got '$MODE'" >&2; exit 2 ;;
+esac
+
+for cls in $CLASSES; do
+    if [ "$cls" = native ]; then cap=(); else cap=(--cpu-class "$cls"); fi
+    # the class and the caps as a process started with them reports (GenuineIntel/avx2 -> intel_avx2)
+    info=$("$PY" -c '
+import os, subprocess, sys
+from fusegraph._core import cpu_class
+caps = {} if sys.argv[1] == "native" else cpu_class.environment(sys.argv[1])
+probe = "from fusegraph._core import cpu_class; print(cpu_class.key())"
+key = subprocess.run([sys.executable, "-c", probe], env={**os.environ, **caps}, capture_output=True, text=True,
+                     check=True).stdout.strip()
+print(key, " ".join(f"{k}={v}" for k, v in sorted(caps.items())) or "(none: the machine'"'"'s own class)")
+' "$cls")
+    full=${info%% *}; caps=${info#* }
+    key=$(echo "$full" | sed -e 's#GenuineIntel/#intel_#' -e 's#AuthenticAMD/#amd_#' -e 's#/#_#g')
+    manifest=docs/results/class_sweep_${key}.txt
+    {
+        echo "class $full; caps: $caps"
+        echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores" \
+             "($(grep -m1 -o -w -e avx512_bf16 -e amx_bf16 /proc/cpuinfo | tr '\n' ' ')flags of note)"
+        echo "torch $("$PY" -c 'import torch; print(torch.__version__)'); commit $(git rev-parse --short HEAD)" \
+             "$(git diff --quiet HEAD -- fusegraph csrc 2>/dev/null || echo '(fusegraph/ or csrc/ modified)')"
+    } > "/tmp/class_sweep_$key.head"
+    for model in $MODELS; do
+        for dtype in $DTYPES; do
+            out=docs/results/bench_real_${model}_${dtype}_t1_class_${key}${suffix}
+            if [ -s "$out.json" ]; then echo "skip $out (exists)"; continue; fi
+            [ -s "$manifest" ] || cp "/tmp/class_sweep_$key.head" "$manifest"
+            echo "== $(date -u +%H:%M:%S) $key $model $dtype $MODE -> $out"
+            echo "$(date -u '+%Y-%m-%d %H:%M') UTC: $model $dtype $MODE ($(git rev-parse --short HEAD))" >> "$manifest"
+            OMP_NUM_THREADS=1 "$PY" -m fusegraph "${cap[@]}" bench real --model "$model" --dtype "$dtype" \
+                --threads 1 "${how[@]}" --variants "$VARIANTS" --json "$out.json" | tee "$out.txt" \
+                || echo "exit status $? (a variant failed; the JSON keeps what ran)"
+        done
+    done
+done
