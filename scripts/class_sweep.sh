@@ -23,7 +23,7 @@ MODE=${MODE:-speed}
 case "$MODE" in
     speed) VARIANTS=${VARIANTS:-eager;inductor;inductor_tuned;fusegraph;openvino}; suffix=""
            how=(--interleave "$ROUNDS" --interleave-only) ;;
-    memory) VARIANTS=${VARIANTS:-inductor;fusegraph}; suffix=_mem; how=(--reps 3) ;;
+    memory) VARIANTS=${VARIANTS:-inductor;fusegraph}; suffix=_mem; how=(--reps 1) ;;
     *) echo "MODE: expected speed or memory, got '$MODE'" >&2; exit 2 ;;
 esac
 

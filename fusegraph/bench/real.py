@@ -214,17 +214,19 @@ def _openvino(model, inputs: dict, dtype, threads: int, restore: bool = False):
         args = [kw[k].float() if kw[k].is_floating_point() else kw[k] for k in names]
         if "compiled" not in state:
             try:
-                ov_model = ov.convert_model(Positional().eval(), example_input=tuple(args))
-            except Exception as e:  # TorchScript tracing fails on some models (HunyuanVideo: aten::masked_fill
-                # with a bool value, torch 2.13): OpenVINO's other PyTorch front end, from torch.export
-                print(f"openvino: TorchScript conversion failed ({type(e).__name__}); converting via torch.export",
-                      file=sys.stderr)
-                ov_model = ov.convert_model(torch.export.export(Positional().eval(), tuple(args)))
-            config = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1,
-                      "INFERENCE_PRECISION_HINT": "bf16" if dtype == torch.bfloat16 else "f32"}
-            state["compiled"] = ov.compile_model(ov_model, "CPU", config)
-            if restore and dtype != torch.float32:
-                model.to(dtype)
+                try:
+                    ov_model = ov.convert_model(Positional().eval(), example_input=tuple(args))
+                except Exception as e:  # TorchScript tracing fails on some models (HunyuanVideo:
+                    # aten::masked_fill with a bool value, torch 2.13): OpenVINO's other front end, from torch.export
+                    print(f"openvino: TorchScript conversion failed ({type(e).__name__}); converting via "
+                          "torch.export", file=sys.stderr)
+                    ov_model = ov.convert_model(torch.export.export(Positional().eval(), tuple(args)))
+                config = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1,
+                          "INFERENCE_PRECISION_HINT": "bf16" if dtype == torch.bfloat16 else "f32"}
+                state["compiled"] = ov.compile_model(ov_model, "CPU", config)
+            finally:  # converted or not (bf16 under the AVX2 caps fails to compile), the others get bf16 back
+                if restore and dtype != torch.float32:
+                    model.to(dtype)
         result = state["compiled"]([a.numpy() for a in args])
         return (torch.from_numpy(result[0]).to(dtype),)
 

@@ -3,6 +3,7 @@ checks that their eager baselines are what diffusers really computes."""
 import json
 import mmap
 import statistics
+import sys
 import types
 
 import pytest
@@ -324,6 +325,27 @@ def test_bench_real_interleaved_times_the_others_when_one_variant_fails(monkeypa
     assert calls.count("openvino") == 1 and "openvino" not in res["median_s"] and "openvino" not in res["first_s"]
     assert res["order"] == [["a", "b"], ["b", "a"], ["a", "b"]]
     assert {v: len(t) for v, t in res["times_s"].items()} == {"a": 3, "b": 3}
+
+
+def test_bench_real_openvino_gives_the_shared_model_its_dtype_back_when_it_fails(monkeypatch):
+    """OpenVINO's bf16 row casts the shared model to fp32 to convert it; when its compile fails (bf16 under the
+    AVX2 caps) the model is bf16 again for the variants after it, as after a conversion that succeeds."""
+    from fusegraph.bench import real
+
+    def compile_model(ov_model, device, config):
+        assert config["INFERENCE_PRECISION_HINT"] == "bf16"
+        raise RuntimeError("Supported primitive descriptors list is empty for node: Softmax_1")
+
+    fake = types.SimpleNamespace(convert_model=lambda module, example_input=None: module, compile_model=compile_model)
+    monkeypatch.setitem(sys.modules, "openvino", fake)
+    model = torch.nn.Linear(8, 8).to(torch.bfloat16)
+    inputs = {"input": torch.randn(2, 8, dtype=torch.bfloat16)}
+    fn = real._make_fn(model, inputs, torch.bfloat16, "openvino", 1, shared=True)
+    assert model.weight.dtype == torch.float32  # cast for the conversion
+    with pytest.raises(RuntimeError, match="primitive descriptors"):
+        fn(**inputs)
+    assert model.weight.dtype == torch.bfloat16
+    assert model(**inputs).dtype == torch.bfloat16
 
 
 def test_bench_real_fusegraph_variants_take_compile_options_by_name(monkeypatch):
