@@ -1,14 +1,21 @@
 """BENCHMARKS.md §1's tables, printed from the ``bench real`` JSON files in docs/results (no transcription by hand).
 
-    .venv/bin/python scripts/bench_real_tables.py
+    .venv/bin/python scripts/bench_real_tables.py              # §1's tables
+    .venv/bin/python scripts/bench_real_tables.py --classes    # §1.5: one table per CPU class
 
 ``TABLES`` names, for each table, the runs that hold now: per model the per-process run (first call, resident
 memory, error; its speeds where no interleaved run exists) and the interleaved run (``--interleave``: every
 variant's speed from one process, order rotated each round), if any. A new run replaces its file name here.
+``--classes`` reads every ``scripts/class_sweep.sh`` run instead (``*_t1_class_KEY[_mem].json`` and the class's
+``class_sweep_KEY.txt``) and judges issue 38's targets per cell: at least 1.0x eager and 1.05x Inductor, fp32 within
+5 % of OpenVINO (not judged where the class is emulated below what OpenVINO's GEMMs run), resident memory at most
+Inductor's plus 5 % of the weights.
 """
 import json
 import math
 import os
+import re
+import statistics
 import sys
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "results")
@@ -100,7 +107,137 @@ def table(title, runs) -> list:
     return ratios
 
 
-def main() -> int:
+# --- one table per CPU class (scripts/class_sweep.sh) ------------------------------------------------------------
+
+CLASS_MODELS = ("flux", "wan", "sd35")
+CLASS_DTYPES = ("fp32", "bf16")
+CLASS_ORDER = ("amx", "avx512_bf16", "avx512", "avx2", "default")  # widest first, within a vendor
+# Classes whose emulation leaves OpenVINO's float32 GEMMs wider than the class: MLAS picks its code by CPUID and
+# ignores every cap (§1.3), so on an AVX-512 machine an emulated AVX2 run measures AVX-512 OpenVINO.
+OPENVINO_IGNORES_CAPS = ("avx2", "default")
+
+
+def _class_keys():
+    """The class keys with sweep files, e.g. ["intel_amx", "intel_avx2"], vendor by vendor, widest class first."""
+    keys = set()
+    for name in os.listdir(RESULTS):
+        m = re.fullmatch(r"bench_real_[a-z0-9]+_(?:fp32|bf16)_t1_class_([a-z0-9_]+?)(?:_mem)?(?:_[a-z])?\.json", name)
+        if m:
+            keys.add(m.group(1))
+
+    def order(key):
+        vendor, _, isa = key.partition("_")
+        return vendor, CLASS_ORDER.index(isa) if isa in CLASS_ORDER else len(CLASS_ORDER)
+    return sorted(keys, key=order)
+
+
+def _median(rows, field):
+    """The median of ``field`` over rows (of an even count, the mean of the middle two)."""
+    return statistics.median(r[field] for r in rows)
+
+
+def class_table(key) -> list:
+    """One class's table; returns [(model, dtype, [missed targets])] for the summary."""
+    manifest = f"class_sweep_{key}.txt"
+    head = []
+    if os.path.exists(os.path.join(RESULTS, manifest)):
+        with open(os.path.join(RESULTS, manifest)) as f:
+            head = [line.strip() for line in f if line.strip()]
+    isa = key.partition("_")[2]
+    print(f"**Class `{key}`** (`{manifest}`): {head[0] if head else 'no manifest'}\n")
+    runs = [re.fullmatch(r"(\S+ \S+) UTC: .*\((\w+)[,)].*", line) for line in head[3:]]
+    runs = [m.groups() for m in runs if m]
+    for line in head[1:2]:
+        print(f"- {line}")
+    if runs:
+        commits = ", ".join(f"`{c}`" for c in dict.fromkeys(c for _, c in runs))
+        print(f"- {head[2].split(';')[0]}; {len(runs)} runs, {min(t for t, _ in runs)} to "
+              f"{max(t for t, _ in runs)[11:]} UTC, commits {commits} (each run's in the manifest)")
+    print("\n| model, dtype | eager | Inductor | tuned | **fusegraph** | OpenVINO "
+          "| fusegraph vs eager / Inductor / tuned / OpenVINO | resident +: fusegraph / Inductor (limit) "
+          "| first call: Inductor / fusegraph | targets | runs |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    cells = []
+    for model in CLASS_MODELS:
+        for dtype in CLASS_DTYPES:
+            stem = f"bench_real_{model}_{dtype}_t1_class_{key}"
+            # speeds: every interleaved round of the class's runs of this cell pooled (a re-run adds STEM_b...)
+            speed_names = sorted(n[:-5] for n in os.listdir(RESULTS) if re.fullmatch(re.escape(stem) + r"(_[a-z])?\.json", n))
+            speed_runs = [_load(n + ".json") for n in speed_names]
+            speed_run = speed_runs[0] if speed_runs else None
+            mem_names = sorted(n[:-5] for n in os.listdir(RESULTS)
+                               if re.fullmatch(re.escape(stem) + r"_mem(_[a-z])?\.json", n))
+            if speed_run is None:
+                print(f"| {NAMES[model]}, {dtype} | not run |||||||||")
+                continue
+            ils = [r["interleaved"] for r in speed_runs if r["interleaved"]]
+            if not ils:
+                print(f"| {NAMES[model]}, {dtype} | the interleaved run failed (`{stem}`) |||||||||")
+                cells.append((model, dtype, ["the run failed"]))
+                continue
+            pooled = {v: [t for il in ils for t in il["times_s"].get(v, [])] for v in VARIANTS}
+            s = [statistics.median(pooled[v]) if pooled[v] else None for v in VARIANTS]
+            failed = {k: why for il in ils for k, why in il.get("failed", {}).items()}
+            emulated = "emulated" in speed_run["machine"]
+            missed = []
+            if not (s[0] and s[3] and s[0] / s[3] >= 1.0):
+                missed.append("< 1.0× eager")
+            if not (s[1] and s[3] and s[1] / s[3] >= 1.05):
+                missed.append("< 1.05× Inductor")
+            if dtype == "fp32":
+                if emulated and isa in OPENVINO_IGNORES_CAPS:
+                    missed.append("OpenVINO not judged (it ignores the caps)")
+                elif not s[4]:
+                    missed.append("OpenVINO did not run")
+                elif s[4] / s[3] < 0.95:
+                    missed.append("> 5 % behind OpenVINO")
+            mem, first, runs = "not run", "—", ", ".join(f"`{n}`" for n in speed_names + mem_names)
+            # resident memory and first call: the median over the per-process runs (a process each; the figure
+            # moves by several MiB from one run to the next, Inductor's too)
+            by_variant = {}
+            for n in mem_names:
+                for r in _load(n + ".json")["rows"]:
+                    by_variant.setdefault(r["variant"], []).append(r)
+            fg, ind = by_variant.get("fusegraph"), by_variant.get("inductor")
+            if fg and ind:
+                limit = _median(ind, "resident_mib") + 0.05 * fg[0]["weights_mib"]
+                each = "" if len(fg) == 1 else (" [runs: " + "; ".join(
+                    f"{a['resident_mib']:.0f} / {b['resident_mib']:.0f}" for a, b in zip(fg, ind)) + "]")
+                mem = (f"{_median(fg, 'resident_mib'):.0f} / {_median(ind, 'resident_mib'):.0f} MiB "
+                       f"({limit:.0f}){each}")
+                first = f"{_median(ind, 'first_s'):.1f} / {_median(fg, 'first_s'):.1f} s"
+                if _median(fg, "resident_mib") > limit:
+                    missed.append("memory over")
+            else:
+                missed.append("memory not measured")
+            verdict = "met" if not missed else "; ".join(missed)
+            print(f"| {NAMES[model]}, {dtype} | {_ms(s[0])} | {_ms(s[1])} | {_ms(s[2])} | **{_ms(s[3])}** "
+                  f"| {_ms(s[4]) if s[4] else 'fails here' if 'openvino' in failed else '—'} | {_x(s[0], s[3])} / **{_x(s[1], s[3])}** / {_x(s[2], s[3])} "
+                  f"/ {_x(s[4], s[3])} | {mem} | {first} | {verdict} | {runs} |")
+            cells.append((model, dtype, missed))
+    print()
+    return cells
+
+
+def classes() -> int:
+    keys = _class_keys()
+    summary = []
+    for key in keys:
+        summary += [(key, *cell) for cell in class_table(key)]
+    hard = [c for c in summary if any(not m.startswith(("OpenVINO not judged", "memory not")) for m in c[3])]
+    print(f"Targets over {len(summary)} (class, model, dtype) cells in {len(keys)} classes: "
+          f"{len(summary) - len(hard)} met or not judgeable here, {len(hard)} missed"
+          + (": " + "; ".join(f"`{k}` {NAMES[m]} {d} ({', '.join(x)})" for k, m, d, x in hard) if hard else "") + ".")
+    return 0
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--classes"]:
+        return classes()
+    if argv:
+        print(f"usage: bench_real_tables.py [--classes]; got {argv}", file=sys.stderr)
+        return 2
     by_threads = {}
     for title, runs in TABLES:
         by_threads.setdefault(title.split(" ")[0], []).extend(table(title, runs))

@@ -10,8 +10,9 @@
 # of its own (resident memory beyond the model, first call, error), into ..._class_KEY_mem.{json,txt}. KEY is the
 # class as the process reports it (vendor and ISA: intel_amx, intel_avx2, amd_avx512_bf16...), so sweeps on other
 # machines add files beside these; docs/results/class_sweep_KEY.txt records the machine, the caps, the commit and
-# the date, and scripts/bench_real_tables.py --classes prints the tables. A run whose file exists is skipped (delete
-# it to re-run), so an interrupted sweep resumes.
+# the date, and scripts/bench_real_tables.py --classes prints the tables. A run whose file exists is skipped, so an
+# interrupted sweep resumes; RUN=b (c, ...) adds a repeat beside the first run (files ..._b), which the tables pool
+# with it: speeds over every round, memory the median over the processes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -20,6 +21,8 @@ MODELS=${MODELS:-flux wan sd35}
 DTYPES=${DTYPES:-fp32 bf16}
 ROUNDS=${ROUNDS:-5}
 MODE=${MODE:-speed}
+RUN=${RUN:-}
+case "$RUN" in ""|[b-z]) ;; *) echo "RUN: expected empty or one letter b-z, got '$RUN'" >&2; exit 2 ;; esac
 case "$MODE" in
     speed) VARIANTS=${VARIANTS:-eager;inductor;inductor_tuned;fusegraph;openvino}; suffix=""
            how=(--interleave "$ROUNDS" --interleave-only) ;;
@@ -46,16 +49,17 @@ print(key, " ".join(f"{k}={v}" for k, v in sorted(caps.items())) or "(none: the 
         echo "class $full; caps: $caps"
         echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores" \
              "($(grep -m1 -o -w -e avx512_bf16 -e amx_bf16 /proc/cpuinfo | tr '\n' ' ')flags of note)"
-        echo "torch $("$PY" -c 'import torch; print(torch.__version__)'); commit $(git rev-parse --short HEAD)" \
-             "$(git diff --quiet HEAD -- fusegraph csrc 2>/dev/null || echo '(fusegraph/ or csrc/ modified)')"
+        echo "torch $("$PY" -c 'import torch; print(torch.__version__)'); each run's commit below"
     } > "/tmp/class_sweep_$key.head"
     for model in $MODELS; do
         for dtype in $DTYPES; do
-            out=docs/results/bench_real_${model}_${dtype}_t1_class_${key}${suffix}
+            out=docs/results/bench_real_${model}_${dtype}_t1_class_${key}${suffix}${RUN:+_$RUN}
             if [ -s "$out.json" ]; then echo "skip $out (exists)"; continue; fi
             [ -s "$manifest" ] || cp "/tmp/class_sweep_$key.head" "$manifest"
             echo "== $(date -u +%H:%M:%S) $key $model $dtype $MODE -> $out"
-            echo "$(date -u '+%Y-%m-%d %H:%M') UTC: $model $dtype $MODE ($(git rev-parse --short HEAD))" >> "$manifest"
+            dirty=$(git diff --quiet HEAD -- fusegraph csrc 2>/dev/null || echo ', fusegraph/ or csrc/ modified')
+            echo "$(date -u '+%Y-%m-%d %H:%M') UTC: $model $dtype $MODE${RUN:+ $RUN} ($(git rev-parse --short HEAD)$dirty)" \
+                >> "$manifest"
             OMP_NUM_THREADS=1 "$PY" -m fusegraph "${cap[@]}" bench real --model "$model" --dtype "$dtype" \
                 --threads 1 "${how[@]}" --variants "$VARIANTS" --json "$out.json" | tee "$out.txt" \
                 || echo "exit status $? (a variant failed; the JSON keeps what ran)"

@@ -152,9 +152,24 @@ def test_published_width_tables_are_what_bench_real_tables_prints():
     tables = _script("bench_real_tables")
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert tables.main() == 0
+        assert tables.main([]) == 0
     text = _read(os.path.join("docs", "BENCHMARKS.md"))
     lines = [line for line in out.getvalue().splitlines() if line.strip()]
     assert lines and "not run" not in out.getvalue(), "a run scripts/bench_real_tables.py reads is missing"
     stale = [line for line in lines if line not in text]
     assert not stale, f"docs/BENCHMARKS.md §1 differs from scripts/bench_real_tables.py's output: {stale}"
+
+
+def test_class_tables_are_what_bench_real_tables_prints():
+    """§1.5's per-class tables are printed from scripts/class_sweep.sh's runs, every cell judged, none missing."""
+    tables = _script("bench_real_tables")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert tables.main(["--classes"]) == 0
+    text = _read(os.path.join("docs", "BENCHMARKS.md"))
+    printed = out.getvalue()
+    lines = [line for line in printed.splitlines() if line.strip()]
+    assert "**Class `" in printed and "not run" not in printed, "a class table's run is missing"
+    assert "no manifest" not in printed, "a class swept without its class_sweep_KEY.txt"
+    stale = [line for line in lines if line not in text]
+    assert not stale, f"docs/BENCHMARKS.md §1.5 differs from bench_real_tables.py --classes: {stale}"

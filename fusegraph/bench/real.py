@@ -338,7 +338,7 @@ def run_interleaved(model_name: str, variants: list, dtype_name: str, img_tokens
     find kernels an earlier one compiled), ``memory_mib`` what the process's memory grew by over the variant's
     compile and first three calls (resident set; on CUDA the allocator's reserve), ``faults_per_call`` the median
     minor page faults of its timed calls (``_timed_faults``; the variants share this process's heap, so a call's
-    count also depends on what the call before it left there), ``failed`` {variant: "Error: first line"} for a
+    count also depends on what the call before it left there), ``failed`` {variant: "Error: its last line"} for a
     variant that could not compile or make its first calls here (the others are timed without it). OpenVINO's
     converted copy of the weights stays resident beside the model."""
     import torch
@@ -358,7 +358,8 @@ def run_interleaved(model_name: str, variants: list, dtype_name: str, img_tokens
                 for _ in range(2):
                     fn(**inputs)
             except Exception as e:  # one variant that cannot run here (OpenVINO's bf16 under the AVX2 caps)
-                failed[variant] = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+                lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]  # OpenVINO's reason is its last
+                failed[variant] = f"{type(e).__name__}: {lines[-1] if lines else ''}"
                 first.pop(variant, None)
                 continue
             memory[variant] = _memory_mib(device) - mem0

@@ -313,7 +313,9 @@ def test_bench_real_interleaved_times_the_others_when_one_variant_fails(monkeypa
         def fn(**kw):
             calls.append(variant)
             if variant == "openvino":
-                raise RuntimeError("Supported primitive descriptors list is empty for node: Softmax_1\nmore")
+                raise RuntimeError("Exception from src/inference/src/cpp/core.cpp:117:\nException from src/plugins/"
+                                   "intel_cpu/src/node.cpp:1:\nSupported primitive descriptors list is empty for "
+                                   "node: Softmax_1\n")
             return (m(kw["input"]),)
         return fn
 
