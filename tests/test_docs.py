@@ -173,3 +173,15 @@ def test_class_tables_are_what_bench_real_tables_prints():
     assert "no manifest" not in printed, "a class swept without its class_sweep_KEY.txt"
     stale = [line for line in lines if line not in text]
     assert not stale, f"docs/BENCHMARKS.md §1.5 differs from bench_real_tables.py --classes: {stale}"
+
+
+def test_class_tables_pool_runs_by_each_rounds_own_ratio():
+    """A cell's repeats taken under different load: the ratio is the median of each round's t(other) / t(ours), not
+    the ratio of the pooled medians (which a slow run's rounds would pull either way)."""
+    tables = _script("bench_real_tables")
+    fast = {"times_s": {"inductor": [1.00, 1.02, 1.01], "fusegraph": [0.90, 0.91, 0.92]}}
+    slow = {"times_s": {"inductor": [2.00, 2.10, 2.05], "fusegraph": [1.80, 1.90, 1.85]}}
+    ratio = tables._round_ratio([fast, slow], "inductor", "fusegraph")
+    per_round = sorted([1.00 / 0.90, 1.02 / 0.91, 1.01 / 0.92, 2.00 / 1.80, 2.10 / 1.90, 2.05 / 1.85])
+    assert ratio == pytest.approx((per_round[2] + per_round[3]) / 2)
+    assert tables._round_ratio([fast], "openvino", "fusegraph") is None  # a variant that did not run
