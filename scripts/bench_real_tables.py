@@ -6,7 +6,7 @@
 ``TABLES`` names, for each table, the runs that hold now: per model the per-process run (first call, resident
 memory, error; its speeds where no interleaved run exists) and the interleaved run (``--interleave``: every
 variant's speed from one process, order rotated each round), if any. A new run replaces its file name here.
-``--classes`` reads every ``scripts/class_sweep.sh`` run instead (``*_t1_class_KEY[_mem].json`` and the class's
+``--classes`` reads every ``scripts/class_sweep.sh`` run instead (``*_tN_class_KEY[_mem].json`` and the class's
 ``class_sweep_KEY.txt``; a cell's repeats pooled: ratios the median of each interleaved round's own ratio, memory the
 median over processes) and judges issue 38's targets per cell: at least 1.0x eager and 1.05x Inductor, fp32 within
 5 % of OpenVINO (not judged where the class is emulated below what OpenVINO's GEMMs run), resident memory at most
@@ -119,16 +119,18 @@ OPENVINO_IGNORES_CAPS = ("avx2", "default")
 
 
 def _class_keys():
-    """The class keys with sweep files, e.g. ["intel_amx", "intel_avx2"], vendor by vendor, widest class first."""
+    """(class key, threads) with sweep files, e.g. [("intel_amx", 1), ("intel_amx", 2), ("intel_avx2", 1)]: vendor
+    by vendor, widest class first, fewer threads first."""
     keys = set()
     for name in os.listdir(RESULTS):
-        m = re.fullmatch(r"bench_real_[a-z0-9]+_(?:fp32|bf16)_t1_class_([a-z0-9_]+?)(?:_mem)?(?:_[a-z])?\.json", name)
+        m = re.fullmatch(r"bench_real_[a-z0-9]+_(?:fp32|bf16)_t(\d+)_class_([a-z0-9_]+?)(?:_mem)?(?:_[a-z])?\.json",
+                         name)
         if m:
-            keys.add(m.group(1))
+            keys.add((m.group(2), int(m.group(1))))
 
-    def order(key):
-        vendor, _, isa = key.partition("_")
-        return vendor, CLASS_ORDER.index(isa) if isa in CLASS_ORDER else len(CLASS_ORDER)
+    def order(key_threads):
+        vendor, _, isa = key_threads[0].partition("_")
+        return vendor, CLASS_ORDER.index(isa) if isa in CLASS_ORDER else len(CLASS_ORDER), key_threads[1]
     return sorted(keys, key=order)
 
 
@@ -148,16 +150,19 @@ def _median(rows, field):
     return statistics.median(r[field] for r in rows)
 
 
-def class_table(key) -> list:
-    """One class's table; returns [(model, dtype, [missed targets])] for the summary."""
+def class_table(key, threads=1) -> list:
+    """One class's table at one thread count; returns [(model, dtype, [missed targets])] for the summary."""
     manifest = f"class_sweep_{key}.txt"
     head = []
     if os.path.exists(os.path.join(RESULTS, manifest)):
         with open(os.path.join(RESULTS, manifest)) as f:
             head = [line.strip() for line in f if line.strip()]
     isa = key.partition("_")[2]
-    print(f"**Class `{key}`** (`{manifest}`): {head[0] if head else 'no manifest'}\n")
-    runs = [re.fullmatch(r"(\S+ \S+) UTC: .*\((\w+)[,)].*", line) for line in head[3:]]
+    title = f"Class `{key}`" + ("" if threads == 1 else f", {threads} threads")
+    print(f"**{title}** (`{manifest}`): {head[0] if head else 'no manifest'}\n")
+    # the manifest's run lines at this thread count (a run of N > 1 threads says " tN" after its mode)
+    mine = [line for line in head[3:] if int((re.search(r" t(\d+)\b", line) or [0, 1])[1]) == threads]
+    runs = [re.fullmatch(r"(\S+ \S+) UTC: .*\((\w+)[,)].*", line) for line in mine]
     runs = [m.groups() for m in runs if m]
     for line in head[1:2]:
         print(f"- {line}")
@@ -172,7 +177,7 @@ def class_table(key) -> list:
     cells = []
     for model in CLASS_MODELS:
         for dtype in CLASS_DTYPES:
-            stem = f"bench_real_{model}_{dtype}_t1_class_{key}"
+            stem = f"bench_real_{model}_{dtype}_t{threads}_class_{key}"
             # speeds: every interleaved round of the class's runs of this cell pooled (a re-run adds STEM_b...)
             speed_names = sorted(n[:-5] for n in os.listdir(RESULTS) if re.fullmatch(re.escape(stem) + r"(_[a-z])?\.json", n))
             speed_runs = [_load(n + ".json") for n in speed_names]
@@ -237,10 +242,11 @@ def class_table(key) -> list:
 def classes() -> int:
     keys = _class_keys()
     summary = []
-    for key in keys:
-        summary += [(key, *cell) for cell in class_table(key)]
+    for key, threads in keys:
+        label = key if threads == 1 else f"{key}, {threads} threads"
+        summary += [(label, *cell) for cell in class_table(key, threads)]
     hard = [c for c in summary if any(not m.startswith(("OpenVINO not judged", "memory not")) for m in c[3])]
-    print(f"Targets over {len(summary)} (class, model, dtype) cells in {len(keys)} classes: "
+    print(f"Targets over {len(summary)} (class, model, dtype) cells in {len(keys)} tables: "
           f"{len(summary) - len(hard)} met or not judgeable here, {len(hard)} missed"
           + (": " + "; ".join(f"`{k}` {NAMES[m]} {d} ({', '.join(x)})" for k, m, d, x in hard) if hard else "") + ".")
     return 0

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # One table per CPU class (BENCHMARKS §1.5): the three published-width models in both dtypes under each class this
-# machine can run (its own and the emulated ones, `python -m fusegraph --cpu-class C`), 1 thread.
+# machine can run (its own and the emulated ones, `python -m fusegraph --cpu-class C`), 1 thread unless THREADS says.
 #
 #   CLASSES="native avx512_bf16 avx512 avx2" MODELS="flux wan sd35" DTYPES="fp32 bf16" scripts/class_sweep.sh
+#   THREADS=2 CLASSES=native scripts/class_sweep.sh        # the OpenMP team of 2 (files ..._t2_...)
 #   MODE=memory CLASSES=... scripts/class_sweep.sh
 #
 # MODE=speed (default): every variant in one process, ROUNDS interleaved rounds (order rotated each round), into
-# docs/results/bench_real_MODEL_DTYPE_t1_class_KEY.{json,txt}. MODE=memory: Inductor and fusegraph each in a process
+# docs/results/bench_real_MODEL_DTYPE_tTHREADS_class_KEY.{json,txt}. MODE=memory: Inductor and fusegraph each in a process
 # of its own (resident memory beyond the model, first call, error), into ..._class_KEY_mem.{json,txt}. KEY is the
 # class as the process reports it (vendor and ISA: intel_amx, intel_avx2, amd_avx512_bf16...), so sweeps on other
 # machines add files beside these; docs/results/class_sweep_KEY.txt records the machine, the caps, the commit and
@@ -22,6 +23,9 @@ DTYPES=${DTYPES:-fp32 bf16}
 ROUNDS=${ROUNDS:-5}
 MODE=${MODE:-speed}
 RUN=${RUN:-}
+THREADS=${THREADS:-1}
+case "$THREADS" in [1-9]|[1-9][0-9]) ;; *) echo "THREADS: expected a thread count, got '$THREADS'" >&2; exit 2 ;; esac
+tag=$([ "$THREADS" = 1 ] || echo " t$THREADS")
 case "$RUN" in ""|[b-z]) ;; *) echo "RUN: expected empty or one letter b-z, got '$RUN'" >&2; exit 2 ;; esac
 case "$MODE" in
     speed) VARIANTS=${VARIANTS:-eager;inductor;inductor_tuned;fusegraph;openvino}; suffix=""
@@ -53,15 +57,15 @@ print(key, " ".join(f"{k}={v}" for k, v in sorted(caps.items())) or "(none: the 
     } > "/tmp/class_sweep_$key.head"
     for model in $MODELS; do
         for dtype in $DTYPES; do
-            out=docs/results/bench_real_${model}_${dtype}_t1_class_${key}${suffix}${RUN:+_$RUN}
+            out=docs/results/bench_real_${model}_${dtype}_t${THREADS}_class_${key}${suffix}${RUN:+_$RUN}
             if [ -s "$out.json" ]; then echo "skip $out (exists)"; continue; fi
             [ -s "$manifest" ] || cp "/tmp/class_sweep_$key.head" "$manifest"
             echo "== $(date -u +%H:%M:%S) $key $model $dtype $MODE -> $out"
             dirty=$(git diff --quiet HEAD -- fusegraph csrc 2>/dev/null || echo ', fusegraph/ or csrc/ modified')
-            echo "$(date -u '+%Y-%m-%d %H:%M') UTC: $model $dtype $MODE${RUN:+ $RUN} ($(git rev-parse --short HEAD)$dirty)" \
+            echo "$(date -u '+%Y-%m-%d %H:%M') UTC: $model $dtype $MODE$tag${RUN:+ $RUN} ($(git rev-parse --short HEAD)$dirty)" \
                 >> "$manifest"
-            OMP_NUM_THREADS=1 "$PY" -m fusegraph "${cap[@]}" bench real --model "$model" --dtype "$dtype" \
-                --threads 1 "${how[@]}" --variants "$VARIANTS" --json "$out.json" | tee "$out.txt" \
+            OMP_NUM_THREADS=$THREADS "$PY" -m fusegraph "${cap[@]}" bench real --model "$model" --dtype "$dtype" \
+                --threads "$THREADS" "${how[@]}" --variants "$VARIANTS" --json "$out.json" | tee "$out.txt" \
                 || echo "exit status $? (a variant failed; the JSON keeps what ran)"
         done
     done
