@@ -49,7 +49,7 @@ import re
 
 import torch
 
-from .torch_dispatcher import single_overload
+from .torch_dispatcher import DisablePythonDispatcher, single_overload
 from .torch_distributed import resolve_process_group
 from .torch_fake import disable_current_modes
 
@@ -142,16 +142,37 @@ def group_for_runner(process_group, fn):
 
 
 def _outside_modes(fn):
-    """Runs an exchange with every Python dispatch mode popped (restored after). The aten route fuses, and so
-    verifies, inside aot_autograd's fake mode: an agreement tensor made there is fake, and the fake mode either
-    skips the collective (no communication: this rank falls a collective behind) or, for a one-element constant,
-    runs it for real; the ranks then pair different collectives and hang."""
+    """Runs an exchange with every Python dispatch mode popped and the Python dispatcher off (both restored after).
+
+    - Modes: the aten route fuses, and so verifies, inside aot_autograd's fake mode: an agreement tensor made there
+      is fake, and the fake mode either skips the collective (no communication: this rank falls a collective
+      behind) or, for a one-element constant, runs it for real; the ranks then pair different collectives and hang.
+    - The Python dispatcher (on inside Inductor's compile, where verify runs): with it, the dispatcher holds the GIL
+      while the collective is enqueued. gloo's worker thread destroys a finished work under the lock enqueueing
+      takes, and when that work held the last reference to a tensor Python had let go of (the graph's own
+      collective a verify run just made), the destructor waits for the GIL: the two threads wait on each other
+      and the rank hangs (seen once in ~10 runs of tests/distributed's busy-core verify case). Without the Python
+      dispatcher ``ProcessGroup`` calls release the GIL first, and the worker can finish.
+    """
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        with disable_current_modes():
+        with disable_current_modes(), DisablePythonDispatcher():
             return fn(*args, **kwargs)
 
     return wrapper
+
+
+_held: list = []  # the last exchange's work and tensors, kept alive until the next exchange (see _keep)
+
+
+def _keep(work, *tensors) -> None:
+    """Keeps an exchange's work (and its tensors) referenced from Python until the next exchange. gloo's worker
+    thread drops its own reference to a finished work under the lock that enqueueing the next collective takes; if
+    that was the last reference, the work's destructor releases its tensors there, and releasing a tensor that has
+    (or had) a Python object takes the GIL. The next collective on this thread — the verified graph's own, issued
+    with the GIL held by its Python autograd kernel — then waits for that lock while holding the GIL: the deadlock
+    ``_outside_modes`` describes, the other way round. Held here, the work is destroyed on this thread instead."""
+    _held[:] = [work, *tensors]
 
 
 def _comm_device(group) -> torch.device:
@@ -178,7 +199,9 @@ def _all_gather_ints(values: list, group, step: str = "an exchange") -> list:
     mine = torch.tensor(values, dtype=torch.int64, device=device)
     world = dist.get_world_size(group)
     out = torch.empty(world * len(values), dtype=torch.int64, device=device)
-    _wait(dist.all_gather_into_tensor(out, mine, group=group, async_op=True), step)
+    work = dist.all_gather_into_tensor(out, mine, group=group, async_op=True)
+    _wait(work, step)
+    _keep(work, out, mine)
     return out.view(world, len(values)).tolist()
 
 
@@ -232,7 +255,9 @@ def check_call(group, description: str, what: str) -> None:
     dist = torch.distributed
     h = signature_hash(description)
     t = torch.tensor([h, -h], dtype=torch.int64, device=_comm_device(group))
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    work = dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group, async_op=True)
+    work.wait()
+    _keep(work, t)
     if t[0].item() == -t[1].item():  # max == min: every rank has this hash
         return
     check_signatures(group, description, what)
@@ -257,7 +282,9 @@ def agree_any(group, flags: list, step: str = "an agreement") -> list:
         return list(flags)
     dist = torch.distributed
     t = torch.tensor([int(bool(f)) for f in flags], dtype=torch.int64, device=_comm_device(group))
-    _wait(dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group, async_op=True), step)
+    work = dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group, async_op=True)
+    _wait(work, step)
+    _keep(work, t)
     return [bool(v) for v in t.tolist()]
 
 

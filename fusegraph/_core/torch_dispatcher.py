@@ -1,5 +1,5 @@
 """Adaptor for the dispatcher's Python face: ``torch._ops`` (op overloads), ``torch._C`` (schema types, the
-autograd guard, the tensor ``data`` descriptor), ``torch._library``, the private ops fusegraph calls
+autograd guard, the Python dispatcher's off switch, the tensor ``data`` descriptor), ``torch._library``, the private ops fusegraph calls
 (``torch._foreach_copy_``, ``torch._debug_has_internal_overlap``) and ``torch.utils._pytree``."""
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ OpOverloadPacket = torch._ops.OpOverloadPacket
 AnyType = torch._C.AnyType
 disabled_torch_function_impl = torch._C._disabled_torch_function_impl
 AutoDispatchBelowAutograd = torch._C._AutoDispatchBelowAutograd
+DisablePythonDispatcher = torch._C._DisablePythonDispatcher  # context: ops dispatch without the Python dispatcher
 foreach_copy_ = torch._foreach_copy_
 internal_overlap = torch._debug_has_internal_overlap  # 0: none, 1: yes, 2: too complex to tell
 
