@@ -5,6 +5,7 @@
 #   CLASSES="native avx512_bf16 avx512 avx2" MODELS="flux wan sd35" DTYPES="fp32 bf16" scripts/class_sweep.sh
 #   THREADS=2 CLASSES=native scripts/class_sweep.sh        # the OpenMP team of 2 (files ..._t2_...)
 #   MODE=memory CLASSES=... scripts/class_sweep.sh
+#   MODE=memory LAYERS=15 MODELS=wan scripts/class_sweep.sh   # at Wan 2.1 1.3B's published depth, 30 blocks (..._mem_x15)
 #
 # MODE=speed (default): every variant in one process, ROUNDS interleaved rounds (order rotated each round), into
 # docs/results/bench_real_MODEL_DTYPE_tTHREADS_class_KEY.{json,txt}. MODE=memory: Inductor and fusegraph each in a process
@@ -13,7 +14,9 @@
 # machines add files beside these; docs/results/class_sweep_KEY.txt records the machine, the caps, the commit and
 # the date, and scripts/bench_real_tables.py --classes prints the tables. A run whose file exists is skipped, so an
 # interrupted sweep resumes; RUN=b (c, ...) adds a repeat beside the first run (files ..._b), which the tables pool
-# with it: speeds over every round, memory the median over the processes.
+# with it: speeds over every round, memory the median over the processes. LAYERS=N (default 1) builds N blocks of
+# each kind (bench real --layers) and tags the files _xN: the tables judge a cell's memory at the deepest such run,
+# since the target's allowance is 5 % of the weights and the stand-in's two blocks hold less than the fixed costs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -24,6 +27,9 @@ ROUNDS=${ROUNDS:-5}
 MODE=${MODE:-speed}
 RUN=${RUN:-}
 THREADS=${THREADS:-1}
+LAYERS=${LAYERS:-1}
+case "$LAYERS" in [1-9]|[1-9][0-9]) ;; *) echo "LAYERS: expected a block count, got '$LAYERS'" >&2; exit 2 ;; esac
+depth=$([ "$LAYERS" = 1 ] || echo "_x$LAYERS")
 case "$THREADS" in [1-9]|[1-9][0-9]) ;; *) echo "THREADS: expected a thread count, got '$THREADS'" >&2; exit 2 ;; esac
 tag=$([ "$THREADS" = 1 ] || echo " t$THREADS")
 case "$RUN" in ""|[b-z]) ;; *) echo "RUN: expected empty or one letter b-z, got '$RUN'" >&2; exit 2 ;; esac
@@ -57,15 +63,15 @@ print(key, " ".join(f"{k}={v}" for k, v in sorted(caps.items())) or "(none: the 
     } > "/tmp/class_sweep_$key.head"
     for model in $MODELS; do
         for dtype in $DTYPES; do
-            out=docs/results/bench_real_${model}_${dtype}_t${THREADS}_class_${key}${suffix}${RUN:+_$RUN}
+            out=docs/results/bench_real_${model}_${dtype}_t${THREADS}_class_${key}${suffix}${depth}${RUN:+_$RUN}
             if [ -s "$out.json" ]; then echo "skip $out (exists)"; continue; fi
             [ -s "$manifest" ] || cp "/tmp/class_sweep_$key.head" "$manifest"
             echo "== $(date -u +%H:%M:%S) $key $model $dtype $MODE -> $out"
             dirty=$(git diff --quiet HEAD -- fusegraph csrc 2>/dev/null || echo ', fusegraph/ or csrc/ modified')
-            echo "$(date -u '+%Y-%m-%d %H:%M') UTC: $model $dtype $MODE$tag${RUN:+ $RUN} ($(git rev-parse --short HEAD)$dirty)" \
+            echo "$(date -u '+%Y-%m-%d %H:%M') UTC: $model $dtype $MODE$tag${depth:+ x$LAYERS}${RUN:+ $RUN} ($(git rev-parse --short HEAD)$dirty)" \
                 >> "$manifest"
             OMP_NUM_THREADS=$THREADS "$PY" -m fusegraph "${cap[@]}" bench real --model "$model" --dtype "$dtype" \
-                --threads "$THREADS" "${how[@]}" --variants "$VARIANTS" --json "$out.json" | tee "$out.txt" \
+                --threads "$THREADS" --layers "$LAYERS" "${how[@]}" --variants "$VARIANTS" --json "$out.json" | tee "$out.txt" \
                 || echo "exit status $? (a variant failed; the JSON keeps what ran)"
         done
     done
