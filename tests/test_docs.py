@@ -185,3 +185,43 @@ def test_class_tables_pool_runs_by_each_rounds_own_ratio():
     per_round = sorted([1.00 / 0.90, 1.02 / 0.91, 1.01 / 0.92, 2.00 / 1.80, 2.10 / 1.90, 2.05 / 1.85])
     assert ratio == pytest.approx((per_round[2] + per_round[3]) / 2)
     assert tables._round_ratio([fast], "openvino", "fusegraph") is None  # a variant that did not run
+
+
+def test_class_tables_judge_memory_at_the_deepest_run(tmp_path, monkeypatch):
+    """A cell's memory is judged at its deepest ``_mem_xN`` run where one exists: over the limit at the stand-in
+    but within at depth is met (and says so), over at depth is a miss, and without a deep run the stand-in rules."""
+    import json
+
+    tables = _script("bench_real_tables")
+    monkeypatch.setattr(tables, "RESULTS", str(tmp_path))
+    stem = "bench_real_wan_fp32_t1_class_intel_amx"
+    rounds = {"eager": [1.3, 1.3], "inductor": [1.2, 1.2], "inductor_tuned": [1.2, 1.2], "fusegraph": [1.0, 1.0],
+              "openvino": [1.0, 1.0]}
+
+    def write(name, body):
+        (tmp_path / f"{name}.json").write_text(json.dumps(body))
+
+    def memory(name, fusegraph_mib, inductor_mib, weights_mib):
+        write(name, {"rows": [
+            {"variant": "inductor", "resident_mib": inductor_mib, "weights_mib": weights_mib, "first_s": 20.0},
+            {"variant": "fusegraph", "resident_mib": fusegraph_mib, "weights_mib": weights_mib, "first_s": 21.0}]})
+
+    def verdict():
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            cells = tables.class_table("intel_amx")
+        row = next(line for line in out.getvalue().splitlines() if line.startswith("| Wan 2.1 1.3B, fp32"))
+        return [c for m, d, c in cells if (m, d) == ("wan", "fp32")][0], row
+
+    write(stem, {"machine": "CPU class GenuineIntel/amx", "interleaved": {"times_s": rounds}})
+    memory(stem + "_mem", 80, 50, 400)  # limit 50 + 20: over
+    missed, row = verdict()
+    assert missed == ["memory over"]
+    memory(stem + "_mem_x15", 240, 250, 5400)  # at depth: within (limit 250 + 270)
+    missed, row = verdict()
+    assert missed == [] and "met; memory judged at `--layers 15`" in row and "`--layers 15`: 240 / 250 MiB (520)" in row
+    memory(stem + "_mem_x15", 600, 250, 5400)  # at depth: over
+    missed, row = verdict()
+    assert missed == ["memory over at `--layers 15`"]
+    memory(stem + "_mem_x15_b", 600, 250, 5400)  # a deep run's file names no class of its own
+    assert tables._class_keys() == [("intel_amx", 1)]
