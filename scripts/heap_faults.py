@@ -25,10 +25,11 @@ def main() -> None:
     p.add_argument("--variant", default="fusegraph")
     p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
     p.add_argument("--calls", type=int, default=6)
+    p.add_argument("--layers", type=int, default=1, help="blocks of each kind, as bench real --layers")
     args = p.parse_args()
     torch.set_num_threads(1)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
-    model, inputs, _ = real.build(args.model, dtype)
+    model, inputs, _ = real.build(args.model, dtype, layers=args.layers)
     with torch.no_grad():
         fn = real._make_fn(model, inputs, dtype, args.variant, 1)
         for _ in range(3):  # compile and warm up
@@ -40,7 +41,7 @@ def main() -> None:
             fn(**inputs)
             times.append(time.perf_counter() - t)
         r1 = resource.getrusage(resource.RUSAGE_SELF)
-    print(f"{args.model} {args.dtype} {args.variant}: resident {real._rss_mib():.0f} MiB, median "
+    print(f"{args.model} {args.dtype} x{args.layers} {args.variant}: resident {real._rss_mib():.0f} MiB, median "
           f"{statistics.median(times) * 1e3:.1f} ms, minor faults {(r1.ru_minflt - r0.ru_minflt) / args.calls:.0f} "
           f"a call", flush=True)
 
