@@ -48,6 +48,8 @@ def _child(variant: str, model_name: str, dtype_name: str, layers: int) -> None:
     from fusegraph.bench.real import _make_fn, build
 
     libc = ctypes.CDLL("libc.so.6")
+    if not hasattr(libc, "mallinfo2"):
+        sys.exit("memory_breakdown: needs glibc 2.33 or later (mallinfo2); this libc has none")
     libc.mallinfo2.restype = _MallInfo2
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
     model, inputs, _ = build(model_name, dtype, 256, 64, layers)
