@@ -11,7 +11,7 @@ JOBS ?= 2
 PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -n $(JOBS)
 DEPS_STAMP := $(VENV)/.fusegraph-deps
 
-.PHONY: all demo test test-full test-zoo test-pipelines build venv system-deps cpp-test pytest bench wheel wheel-check device-wheels clean
+.PHONY: all demo test test-full test-zoo test-pipelines build venv system-deps cpp-test pytest bench wheel wheel-check cross-check device-wheels clean
 
 all: build
 
@@ -52,8 +52,13 @@ cpp-test: build
 pytest: build
 	$(PYTEST) tests
 
-# wheel-check before pytest: pytest's summary stays the last line.
-test: cpp-test wheel-check
+# 64-bit ARM, from an x86-64 machine: the C++ side cross-built with Debian's aarch64 GCC against PyPI's aarch64 torch,
+# and the C++ tests run under qemu-user as a Neoverse N1 (scripts/cross_check.sh; ~3 min, ~1 GB under build-aarch64).
+cross-check: $(DEPS_STAMP)
+	JOBS=$(JOBS) PY=$(abspath $(PY)) scripts/cross_check.sh
+
+# wheel-check and cross-check before pytest: pytest's summary stays the last line.
+test: cpp-test wheel-check cross-check
 	$(PYTEST) tests
 
 # Every tier: the cases `make test` leaves to it (marker `full`), the full zoo and every pipeline on every route.
@@ -93,4 +98,4 @@ device-wheels: $(DEPS_STAMP)
 	  -c wheels/constraints.txt diffusers pytest pytest-xdist scikit-build-core
 
 clean:
-	rm -rf $(BUILD_DIR) dist fusegraph/_C*.so fusegraph/libfusegraph_ops.so
+	rm -rf $(BUILD_DIR) build-aarch64 dist fusegraph/_C*.so fusegraph/libfusegraph_ops.so

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from fusegraph._core import cpu_class
 
@@ -60,3 +61,33 @@ def test_a_class_this_machine_cannot_run_is_a_clear_error():
     assert name in out.stderr and ("lacks" in out.stderr or "expected one of" in out.stderr), out.stderr
     out = _run(["-m", "fusegraph", "--cpu-class", "avx2"])
     assert out.returncode == 2 and "expected a class" in out.stderr, out.stderr
+
+
+def test_an_arm_machine_is_a_class_of_its_own_named_by_its_implementer(tmp_path, monkeypatch):
+    def cpuinfo(text):
+        path = tmp_path / "cpuinfo"
+        path.write_text(text)
+        return str(path)
+
+    neoverse = "processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd\nCPU implementer\t: 0x41\nCPU part\t: 0xd0c\n"
+    assert cpu_class.vendor(cpuinfo(neoverse)) == "ARM"
+    assert cpu_class.vendor(cpuinfo(neoverse.replace("0x41", "0x48"))) == "HiSilicon"  # Kunpeng
+    assert cpu_class.vendor(cpuinfo(neoverse.replace("0x41", "0x7f"))) == "arm-0x7f"
+    assert cpu_class.vendor(cpuinfo("processor\t: 0\nvendor_id\t: AuthenticAMD\n")) == "AuthenticAMD"
+    assert cpu_class.vendor(cpuinfo("processor\t: 0\n")) == ""
+    assert cpu_class.vendor(str(tmp_path / "missing")) == ""
+
+    # On aarch64 the class is the architecture, whatever ATen's capability; it has no table, so linears keep eager's
+    # kernel, and the header names it as a class not measured.
+    from fusegraph.fusion import gemm_table
+
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    monkeypatch.setattr(cpu_class, "vendor", lambda cpuinfo="/proc/cpuinfo": "ARM")
+    cpu_class.current.cache_clear()
+    try:
+        assert cpu_class.current() == "aarch64" and cpu_class.key() == "ARM/aarch64"
+        kernel, why = gemm_table.lookup(torch.float32)
+        assert kernel == "aten" and "ARM/aarch64" in why and "not measured" in why, why
+        assert gemm_table.pack_lookup(torch.float32)[0] == "none"
+    finally:
+        cpu_class.current.cache_clear()

@@ -100,13 +100,28 @@ def current() -> str:
     return "avx512"
 
 
-def vendor() -> str:
-    """The CPU vendor string (``GenuineIntel``, ``AuthenticAMD``...), or "" where /proc/cpuinfo does not say."""
+# ARM CPUs name their designer by "CPU implementer" (MIDR_EL1 bits 31:24; Linux's arch/arm64/include/asm/cputype.h).
+_ARM_IMPLEMENTERS = {0x41: "ARM", 0x42: "Broadcom", 0x43: "Cavium", 0x46: "Fujitsu", 0x48: "HiSilicon",
+                     0x4E: "NVIDIA", 0x50: "APM", 0x51: "Qualcomm", 0x61: "Apple", 0x6D: "Microsoft", 0xC0: "Ampere"}
+
+
+def vendor(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU vendor: x86's vendor string (``GenuineIntel``, ``AuthenticAMD``...), an ARM CPU's implementer
+    (``ARM`` for Neoverse cores such as AWS Graviton's, ``HiSilicon`` for Kunpeng, ``Ampere``...), or "" where
+    /proc/cpuinfo says neither."""
     try:
-        with open("/proc/cpuinfo") as f:
+        with open(cpuinfo) as f:
             for line in f:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
+                name, _, value = line.partition(":")
+                name, value = name.strip(), value.strip()
+                if name == "vendor_id":
+                    return value
+                if name == "CPU implementer":
+                    try:
+                        code = int(value, 16)
+                    except ValueError:
+                        return ""
+                    return _ARM_IMPLEMENTERS.get(code, f"arm-{code:#04x}")
     except OSError:
         pass
     return ""

@@ -69,7 +69,9 @@ TEST(GraphCache, SameSignatureReplaysTheEntry) {
 }
 
 TEST(GraphCache, FifoEvictsTheOldest) {
-  fg::GraphCache cache({/*max_entries=*/2});
+  fg::CacheOptions options;
+  options.max_entries = 2;
+  fg::GraphCache cache(options);
   auto a = add_entry(cache, at::randn({1}));
   auto b = add_entry(cache, at::randn({2}));
   cache.call(sig_of(at::randn({1})), {at::randn({1})});  // a hit does not matter for FIFO

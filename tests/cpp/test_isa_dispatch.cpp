@@ -13,10 +13,24 @@ TEST(CpuDispatch, CapabilityIsKnown) {
 }
 
 TEST(CpuDispatch, EveryCapabilityHasGeluKernels) {
-  for (int c = 0; c < static_cast<int>(fusegraph::cpu::Capability::NUM); ++c) {
+  for (int c = 0; c < fusegraph::cpu::kBuiltCapabilities; ++c) {
     EXPECT_NE(fusegraph::gelu_tanh_stub.table[c], nullptr) << "capability " << c;
     EXPECT_NE(fusegraph::fast_gelu_stub.table[c], nullptr) << "capability " << c;
   }
+}
+
+TEST(CpuDispatch, OnlyTheBuiltCapabilitiesHaveKernels) {
+  // x86-64 builds DEFAULT, AVX2 and AVX512; other architectures DEFAULT alone (CMakeLists.txt), whatever ATen
+  // reports there (SVE256 on an SVE CPU): the stub then runs DEFAULT, which is NEON on aarch64.
+#if defined(__x86_64__) || defined(_M_X64)
+  EXPECT_EQ(fusegraph::cpu::kBuiltCapabilities, 3);
+#else
+  EXPECT_EQ(fusegraph::cpu::kBuiltCapabilities, 1);
+#endif
+  for (int c = fusegraph::cpu::kBuiltCapabilities; c < static_cast<int>(fusegraph::cpu::Capability::NUM); ++c) {
+    EXPECT_EQ(fusegraph::gelu_tanh_stub.table[c], nullptr) << "capability " << c;
+  }
+  EXPECT_NE(fusegraph::gelu_tanh_stub.get("gelu_tanh"), nullptr);
 }
 
 using Fn = int (*)();

@@ -68,7 +68,7 @@ TEST(MulAdd, EveryCapabilityKernelAgrees) {
   const at::Tensor a = at::randn({3, 4, 77}).to(at::kBFloat16), c = at::randn({3, 4, 77}).to(at::kBFloat16);
   const at::Tensor b = at::randn({3, 1, 77});
   // every kernel this CPU can execute (a higher capability's would raise SIGILL; its presence is checked alone)
-  for (int cap = 0; cap < static_cast<int>(fusegraph::cpu::Capability::NUM); ++cap) {
+  for (int cap = 0; cap < fusegraph::cpu::kBuiltCapabilities; ++cap) {
     ASSERT_NE(fusegraph::mul_add_stub.table[cap], nullptr) << "capability " << cap;
     if (cap > static_cast<int>(fusegraph::cpu::current_capability())) continue;
     at::Tensor out = at::full(a.sizes(), NAN, a.options());

@@ -1,5 +1,5 @@
 #pragma once
-// Run-time choice of CPU kernel by instruction set. Each csrc/ops/cpu/*_kernel.cpp is compiled three
+// Run-time choice of CPU kernel by instruction set. On x86-64 each csrc/ops/cpu/*_kernel.cpp is compiled three
 // times (CMakeLists.txt): DEFAULT, AVX2 (+FMA, F16C) and AVX512 (F/BW/VL/DQ), each time with
 // CPU_CAPABILITY set to that name, so at::vec::Vectorized takes that width. A kernel file registers its
 // function with FG_REGISTER_CPU_KERNEL; the op calls stub.get(), which picks the best version this CPU
@@ -9,6 +9,14 @@
 namespace fusegraph::cpu {
 
 enum class Capability : int { DEFAULT = 0, AVX2 = 1, AVX512 = 2, NUM = 3 };
+
+// How many capabilities this build has kernels for: the first N of the enum. CMakeLists.txt builds all three on
+// x86-64 and DEFAULT alone elsewhere (on aarch64 at::vec makes DEFAULT NEON); the others' slots stay empty there.
+#ifndef FUSEGRAPH_CPU_CAPS
+#error "FUSEGRAPH_CPU_CAPS is set by CMakeLists.txt (the number of CPU capabilities built)"
+#endif
+inline constexpr int kBuiltCapabilities = FUSEGRAPH_CPU_CAPS;
+static_assert(kBuiltCapabilities >= 1 && kBuiltCapabilities <= static_cast<int>(Capability::NUM));
 
 // The capability ATen itself runs at (honours ATEN_CPU_CAPABILITY=default|avx2|avx512); read once.
 Capability current_capability();

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# fusegraph on 64-bit ARM Linux, checked from this x86-64 machine: build the whole C++ side (kernels, ops library,
+# Python extension, GoogleTest suite) with Debian's aarch64 cross GCC against the aarch64 torch wheel from PyPI,
+# then run the C++ tests under qemu-user as a Neoverse N1 (AWS Graviton2, Ampere Altra: NEON, no SVE).
+#
+# What it shows: the build works on ARM (CMake picks the DEFAULT kernels, which at::vec makes NEON; no x86 flag or
+# intrinsic leaks in), and the NEON kernels give the same results as the float64 references, with poisoned outputs,
+# odd sizes, non-contiguous views and every dtype, as tests/cpp checks them on x86. What it cannot show: speed (qemu
+# translates every instruction); more than one thread (qemu-user 7.2 here hangs any aarch64 OpenMP program, even a
+# plain `#pragma omp parallel`, at its first parallel region with 2 threads, so the tests run on one; the split
+# between threads is the same C++ as on x86, where make test covers it); and the Python side (no aarch64 Python).
+# On an aarch64 machine it does nothing: `make build` and `make test` there build and test natively.
+#
+# Set-up, once per machine (root; Debian's archive and PyPI only): the packages g++-aarch64-linux-gnu, qemu-user,
+# libgtest-dev:arm64 and libpython3.11-dev:arm64 (dpkg multiarch), and the aarch64 wheels of the venv's torch
+# version and of the two CUDA runtime libraries libtorch_cpu links (PyPI's aarch64 torch is its CUDA build; no GPU
+# is needed to load it), unpacked under $BUILD/deps.
+#
+#   scripts/cross_check.sh                 # set up, build, run every C++ test under qemu
+#   GTEST_FILTER='RmsNorm*' scripts/cross_check.sh
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=${BUILD:-$ROOT/build-aarch64}
+JOBS=${JOBS:-2}
+PY=${PY:-$ROOT/.venv/bin/python}
+DEPS=$BUILD/deps
+SITE=$DEPS/site
+log() { echo "[cross_check $(date -u +%H:%M:%S)] $*"; }
+
+case "$(uname -m)" in
+  aarch64|arm64) log "this machine is aarch64: make build / make test build and test natively; nothing to do"; exit 0 ;;
+esac
+[ -x "$PY" ] || { echo "cross_check: $PY not found; run 'make build' first" >&2; exit 2; }
+PYVER=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+TORCH_VERSION=$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')
+
+# ---- 1. Debian packages ----
+need=()
+command -v aarch64-linux-gnu-g++ >/dev/null || need+=(g++-aarch64-linux-gnu)
+command -v qemu-aarch64 >/dev/null || need+=(qemu-user)
+[ -e /usr/lib/aarch64-linux-gnu/libgtest.a ] || need+=(libgtest-dev:arm64)
+[ -e "/usr/include/aarch64-linux-gnu/python$PYVER/pyconfig.h" ] || need+=("libpython$PYVER-dev:arm64")
+if [ ${#need[@]} -gt 0 ]; then
+  log "installing ${need[*]}"
+  SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
+  dpkg --print-foreign-architectures | grep -qx arm64 || $SUDO dpkg --add-architecture arm64
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+# ---- 2. the aarch64 wheels: torch (same version as the venv's) and the CUDA runtime pieces it names ----
+if [ ! -f "$SITE/torch/version.py" ]; then
+  log "downloading torch $TORCH_VERSION for aarch64"
+  mkdir -p "$DEPS/wheels" "$SITE"
+  plat=(--platform manylinux2014_aarch64)
+  for m in 17 24 25 26 27 28; do plat+=(--platform "manylinux_2_${m}_aarch64"); done
+  dl() { "$PY" -m pip download --quiet --no-deps --only-binary :all: --python-version "$PYVER" "${plat[@]}" \
+           -d "$DEPS/wheels" "$@"; }
+  dl "torch==$TORCH_VERSION"
+  unzip -q -o "$DEPS"/wheels/torch-*.whl -d "$SITE"
+  # libtorch_cpu.so NEEDs libcudart and libcupti: the versions torch's own metadata pins (cuda-toolkit==X).
+  ct=$(sed -n 's/^Requires-Dist: cuda-toolkit\[[^]]*\]==\([0-9.]*\).*/\1/p' "$SITE"/torch-*.dist-info/METADATA)
+  if [ -n "$ct" ]; then
+    "$PY" -m pip download --quiet --only-binary :all: --python-version "$PYVER" "${plat[@]}" -d "$DEPS/wheels" \
+      "cuda-toolkit[cudart,cupti]==$ct"
+    for w in "$DEPS"/wheels/nvidia_cuda_runtime-*.whl "$DEPS"/wheels/nvidia_cuda_cupti-*.whl; do
+      unzip -q -o "$w" -d "$SITE"
+    done
+  fi
+  rm -rf "$DEPS/wheels"  # unpacked; the torch wheel alone is ~430 MB
+fi
+
+# ---- the sysroot qemu runs the tests in: the cross toolchain's loader and libc, plus what torch's cpuinfo reads at
+# start: /proc/cpuinfo and /sys CPU entries of a 2-core Neoverse N1 (MIDR 0x413fd0c1). qemu-user looks a path up
+# under -L first; without these, cpuinfo parses this machine's x86 /proc/cpuinfo and crashes in cpuinfo_arm_linux_init.
+ROOTFS=$BUILD/sysroot
+if [ ! -f "$ROOTFS/proc/cpuinfo" ]; then
+  mkdir -p "$ROOTFS/proc" "$ROOTFS/sys/devices/system/cpu"
+  ln -sfn /usr/aarch64-linux-gnu/lib "$ROOTFS/lib"
+  for i in 0 1; do
+    printf 'processor\t: %d\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp ssbs\nCPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x3\nCPU part\t: 0xd0c\nCPU revision\t: 1\n\n' "$i"
+    mkdir -p "$ROOTFS/sys/devices/system/cpu/cpu$i/regs/identification"
+    echo 0x00000000413fd0c1 > "$ROOTFS/sys/devices/system/cpu/cpu$i/regs/identification/midr_el1"
+  done > "$ROOTFS/proc/cpuinfo"
+  for f in possible present online; do echo 0-1 > "$ROOTFS/sys/devices/system/cpu/$f"; done
+fi
+QEMU=(qemu-aarch64 -L "$ROOTFS" -cpu neoverse-n1)
+export OMP_NUM_THREADS=1  # see the header: qemu-user hangs aarch64 OpenMP teams of 2 here
+LIBS=$SITE/torch/lib
+CUDA_LIBS=$(dirname "$(find "$SITE" -name 'libcudart.so*' -print -quit 2>/dev/null || true)" 2>/dev/null || true)
+[ -n "$CUDA_LIBS" ] && [ "$CUDA_LIBS" != . ] && LIBS=$LIBS:$CUDA_LIBS
+# The aarch64 loader (under qemu) finds torch's libraries and the CUDA runtime here; x86 programs skip them.
+export LD_LIBRARY_PATH=$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+
+# ---- 3. configure and build ----
+if [ ! -f "$BUILD/CMakeCache.txt" ]; then
+  log "configuring $BUILD"
+  GEN=$(command -v ninja >/dev/null && echo "-G Ninja" || true)
+  # shellcheck disable=SC2086
+  cmake -S "$ROOT" -B "$BUILD" $GEN -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_TOOLCHAIN_FILE="$ROOT/cmake/aarch64-linux-gnu.cmake" \
+    -DFUSEGRAPH_TORCH_DIR="$SITE/torch" -DPython_EXECUTABLE="$PY" -DPython_INCLUDE_DIR="/usr/include/python$PYVER" \
+    -DFG_QEMU_SYSROOT="$ROOTFS" \
+    -DCMAKE_EXE_LINKER_FLAGS="-Wl,-rpath-link,${LIBS//:/,-rpath-link,}" \
+    -DCMAKE_SHARED_LINKER_FLAGS="-Wl,-rpath-link,${LIBS//:/,-rpath-link,}" >/dev/null
+fi
+log "building (aarch64, $JOBS jobs)"
+cmake --build "$BUILD" -j "$JOBS" --target fusegraph_ops _C fusegraph_cpp_tests fusegraph_aot_runner
+for f in "$BUILD/fusegraph/libfusegraph_ops.so" "$BUILD/fusegraph_cpp_tests"; do
+  file -b "$f" | grep -q 'ARM aarch64' || { echo "cross_check: $f is not an aarch64 binary" >&2; exit 1; }
+done
+if readelf -d "$BUILD/fusegraph/libfusegraph_ops.so" | grep -q 'libtorch_cuda'; then
+  echo "cross_check: libfusegraph_ops links libtorch_cuda without a CUDA build" >&2; exit 1
+fi
+
+# ---- 4. the C++ tests, as a Neoverse N1 ----
+log "running the C++ tests under ${QEMU[*]}"
+"${QEMU[@]}" "$BUILD/fusegraph_cpp_tests" --gtest_brief=1 \
+  ${GTEST_FILTER:+--gtest_filter="$GTEST_FILTER"}
+log "aarch64: built, and the C++ tests passed under qemu"
