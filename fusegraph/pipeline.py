@@ -19,6 +19,7 @@ runtime (captures, replays) and a ``FrozenGraph`` (its one unfrozen compile, mad
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import operator
 from dataclasses import dataclass
@@ -57,6 +58,31 @@ def input_device(example_inputs) -> torch.device:
     return torch.device("cpu")
 
 
+# Device type -> the dispatch key its kernels register under (torch_npu registers Ascend as PrivateUse1).
+_DISPATCH_KEYS = {"cuda": "CUDA", "npu": "PrivateUse1", "xpu": "XPU", "mps": "MPS"}
+
+
+def unfusable_why(example_inputs) -> Optional[str]:
+    """Why no fused op can run on this graph: its tensors are on a device fusegraph's ops have no kernels for. On
+    CUDA that is a fusegraph built without nvcc (CMakeLists.txt then builds the CPU part alone). None: they can."""
+    types = {x.device.type for x in example_inputs if isinstance(x, torch.Tensor)} - {"cpu", "meta"}
+    for kind in sorted(types):
+        key = _DISPATCH_KEYS.get(kind)
+        if key is None or not torch_dispatcher.has_kernel("fusegraph::rms_norm", key):
+            hint = " (it was built without its CUDA kernels: no nvcc where it was built)" if kind == "cuda" else ""
+            return f"fusegraph's ops have no {kind} kernels{hint}: this graph is compiled unfused"
+    return None
+
+
+def _unfused(config):
+    """``config`` with every pattern family off, as a new config."""
+    new = copy.deepcopy(config)
+    for name in type(new.fusion_patterns)._fields:
+        if name.startswith("enable_"):
+            setattr(new.fusion_patterns, name, False)
+    return new
+
+
 def select_route(config, example_inputs) -> tuple[str, Optional[str]]:
     """('graph_with_compile' | 'graph_only' | 'default', why the wanted graph route is unavailable) (SPEC §1.2)."""
     wanted = "graph_with_compile" if config.graph_with_compile else "graph_only" if config.graph_only else None
@@ -80,6 +106,9 @@ def compile_graph(config, stats, gm, example_inputs, *, graph_id: int, count: bo
         if kept:
             log.info("fusegraph: graph %d: %d add/sub alpha(s) of a symbolic float moved into a mul", graph_id, kept)
         route, why = select_route(config, example_inputs)
+        unfusable = unfusable_why(example_inputs)
+        if unfusable:
+            config = _unfused(config)
         params, not_frozen = {}, None
         if may_freeze:
             params, not_frozen = freezing.plan(config, route, gm, example_inputs,
@@ -90,7 +119,7 @@ def compile_graph(config, stats, gm, example_inputs, *, graph_id: int, count: bo
         if config.inductor_options and not (route == "default" and config.inductor):
             unused = (f"Inductor options {', '.join(sorted(config.inductor_options))} unused: the "
                       f"{'aten' if route == 'default' else route} route compiles no Inductor code")
-        for reason in (why, not_frozen, unused):
+        for reason in (why, unfusable, not_frozen, unused):
             if reason:
                 job.note_fallback(reason)
         job.fusing = route != "graph_only"

@@ -16,6 +16,11 @@ foreach_copy_ = torch._foreach_copy_
 internal_overlap = torch._debug_has_internal_overlap  # 0: none, 1: yes, 2: too complex to tell
 
 
+def has_kernel(op: str, dispatch_key: str) -> bool:
+    """Whether the dispatcher holds a kernel of ``op`` (``"fusegraph::rms_norm"``) for ``dispatch_key`` (``"CUDA"``)."""
+    return bool(torch._C._dispatch_has_kernel_for_dispatch_key(op, dispatch_key))
+
+
 def single_overload(target):
     """The OpOverload a call_function target names: itself, or the only overload of a packet (freezing's
     weight-packing passes insert packets such as ``mkl._mkl_linear``); None for anything else."""

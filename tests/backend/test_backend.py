@@ -149,6 +149,38 @@ def test_device_graph_none_takes_default_route(runtime_available):
     assert any("device_graph='none'" in r for r in b.stats.fallbacks)
 
 
+class _OnCuda(torch.Tensor):
+    """A CPU tensor that reports a CUDA device: what unfusable_why reads of a graph's inputs."""
+
+    @property
+    def device(self):
+        return torch.device("cuda", 0)
+
+
+def test_a_device_without_fused_kernels_is_named_and_other_devices_are_not():
+    on_cuda = torch.Tensor._make_subclass(_OnCuda, torch.empty(2))
+    assert pipeline_mod.unfusable_why([torch.empty(2), 3, torch.empty(1, device="meta")]) is None
+    why = pipeline_mod.unfusable_why([torch.empty(2), on_cuda])  # this CPU build registers no CUDA kernels
+    assert "no cuda kernels" in why and "no nvcc" in why and "unfused" in why
+    config = CompilationConfig()
+    unfused = pipeline_mod._unfused(config)
+    assert unfused.fusion_patterns.enabled_families() == () and config.fusion_patterns.enabled_families()
+
+
+@pytest.mark.parametrize("inductor", [False, True])
+def test_a_graph_on_a_device_without_fused_kernels_compiles_unfused_and_says_why(monkeypatch, inductor):
+    # As a fusegraph built without nvcc sees a CUDA graph (CMakeLists.txt then builds the CPU part alone): no fused op
+    # may enter the graph, which would fail at its first call for want of a kernel.
+    reason = "fusegraph's ops have no cuda kernels (stand-in): this graph is compiled unfused"
+    monkeypatch.setattr(pipeline_mod, "unfusable_why", lambda inputs: reason)
+    b = Backend(CompilationConfig(inductor=inductor))
+    out, ref = run(GeluMLP(), b, torch.randn(4, 32))
+    torch.testing.assert_close(out, ref)
+    assert b.stats.patterns["gelu"] == 0 and GELU_TANH not in (b.last_graph_ops or {})
+    assert b.stats.fallbacks == {reason: 1}
+    assert b.config.fusion_patterns.enabled_families()  # the backend's own config is unchanged
+
+
 def test_inductor_route_fuses_and_matches_eager():
     b = Backend(CompilationConfig(inductor=True))
     model, x = GeluMLP(), torch.randn(4, 32)

@@ -1,4 +1,5 @@
 // The CPU instruction-set dispatch (ops/cpu/isa_dispatch.h) picks the best registered kernel and never an empty slot.
+#include <ATen/Version.h>
 #include <gtest/gtest.h>
 
 #include "ops/cpu/isa_dispatch.h"
@@ -26,6 +27,8 @@ TEST(CpuDispatch, OnlyTheBuiltCapabilitiesHaveKernels) {
   EXPECT_EQ(fusegraph::cpu::kBuiltCapabilities, 3);
 #else
   EXPECT_EQ(fusegraph::cpu::kBuiltCapabilities, 1);
+  EXPECT_EQ(fusegraph::cpu::current_capability(), fusegraph::cpu::Capability::DEFAULT)
+      << "ATen reports " << at::get_cpu_capability();
 #endif
   for (int c = fusegraph::cpu::kBuiltCapabilities; c < static_cast<int>(fusegraph::cpu::Capability::NUM); ++c) {
     EXPECT_EQ(fusegraph::gelu_tanh_stub.table[c], nullptr) << "capability " << c;
