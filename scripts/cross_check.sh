@@ -9,8 +9,10 @@
 # odd sizes, non-contiguous views and every dtype, as tests/cpp checks them on x86. What it cannot show: speed (qemu
 # translates every instruction); more than one thread (on this machine qemu-user, Debian's 7.2 and backports' 10.0
 # alike, hangs when an aarch64 program starts a second thread, even a plain std::thread, so the tests run on one;
-# the split between threads is the same C++ as on x86, where make test covers it); the Python side (no aarch64
-# Python here).
+# the split between threads is the same C++ as on x86, where make test covers it); the Python side (Debian's
+# aarch64 python3.11 runs under qemu, but `import torch` of PyPI's aarch64 wheel loads its CUDA libraries, cuDNN,
+# cuBLAS and NCCL among them, GBs of wheels; the CPU-only aarch64 wheel is on download.pytorch.org, which these
+# machines cannot reach).
 # On an aarch64 machine it does nothing: `make build` and `make test` there build and test natively.
 #
 # Set-up, once per machine (root; Debian's archive and PyPI only): the packages g++-aarch64-linux-gnu, qemu-user,
