@@ -183,8 +183,9 @@ class FusionPatterns(_ConfigBase):
                          "Run linear layers of at most 8 rows with a large weight (a decode step's projections, CPU) "
                          "as fusegraph.gemv, one bandwidth-bound pass over the weight. 'auto': for the dtypes and row "
                          "counts where the table measured for this CPU class says it is faster than the kernel eager "
-                         "calls (a class not measured: where every class measured says so; `bench gemm --calibrate` "
-                         "measures yours); True: every such linear; False: never.")
+                         "calls (a class not measured: where every class measured on its architecture says so, so an "
+                         "ARM CPU keeps eager's kernel; `bench gemm --calibrate` measures yours); True: every such "
+                         "linear; False: never.")
     enable_linear = _Field("auto", _auto_bool,
                            "Run linear layers of more than 8 rows and at least 2^20 multiply-adds (CPU) through "
                            "fusegraph.linear (oneDNN's float32 matmul on the module's own weight; bf16/fp16 "

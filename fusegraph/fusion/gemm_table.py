@@ -129,22 +129,34 @@ def _gemv_verdict(gemv: dict, rows: int) -> Optional[str]:
     return None if at is None else gemv[str(at)]
 
 
+def _architecture(key: str) -> str:
+    """The architecture a class key belongs to: ``x86`` for the x86 classes (``GenuineIntel/avx2``...), else the
+    class itself (``ARM/aarch64`` -> ``aarch64``)."""
+    cls = key.rsplit("/", 1)[-1]
+    return "x86" if cls in cpu_class.NAMES else cls
+
+
 def gemv_lookup(dtype: torch.dtype, rows: int, key: Optional[str] = None) -> tuple:
     """(kernel, why) for a linear of ``rows`` (<= gemv.MAX_ROWS) rows of ``dtype`` on this machine's class (or
     ``key``): ``"fused"`` (``fusegraph.gemv``) or ``"aten"`` (the kernel eager calls). A class without few-row
-    entries: ``fused`` only where every class measured says so."""
+    entries: ``fused`` only where every class measured on its architecture says so. The few-row kernel races the
+    platform's BLAS, so no verdict crosses architectures: an ARM CPU, whose kernels are another build (NEON) racing
+    another BLAS, keeps eager's kernel until a class of its own is measured."""
     name = str(dtype).replace("torch.", "")
     key = key or cpu_class.key()
     for source, table in zip(("calibrated here", "measured for this class"), _tables()):
         kernel = _gemv_verdict(table.get(key, {}).get(name, {}).get("gemv", {}), rows)
         if kernel is not None:
             return kernel, f"{key} {name}, {rows} rows: {source}"
+    arch = _architecture(key)
     verdicts = [_gemv_verdict(per_dtype.get(name, {}).get("gemv", {}), rows)
-                for table in _tables() for per_dtype in table.values()]
+                for table in _tables() for other, per_dtype in table.items() if _architecture(other) == arch]
     verdicts = [v for v in verdicts if v is not None]
-    kernel = "fused" if verdicts and all(v == "fused" for v in verdicts) else "aten"
+    if not verdicts:
+        return "aten", f"{key} {name}, {rows} rows: class not measured, nor any {arch} class (eager's kernel)"
+    kernel = "fused" if all(v == "fused" for v in verdicts) else "aten"
     return kernel, (f"{key} {name}, {rows} rows: class not measured ({'every' if kernel == 'fused' else 'not every'}"
-                    f" class measured runs it fused)")
+                    f" {arch} class measured runs it fused)")
 
 
 def pack_lookup(dtype: torch.dtype = torch.float32, key: Optional[str] = None) -> tuple:

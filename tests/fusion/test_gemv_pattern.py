@@ -16,7 +16,7 @@ def _few_row_kernel_wins(request, monkeypatch):
     """The site rules below are the machine's business only through the table: pinned to "the few-row kernel wins"
     for them (on some CPU classes it loses at some row counts, tested with their own tables at the end)."""
     if request.function not in (test_auto_follows_the_class_table_per_dtype_and_row_count,
-                                test_a_class_without_few_row_entries_fuses_only_where_every_class_does):
+                                test_an_unmeasured_class_fuses_few_rows_where_its_architecture_does):
         monkeypatch.setattr(gemm_table, "gemv_lookup", lambda dtype, rows, key=None: ("fused", "pinned by the test"))
 
 
@@ -143,19 +143,31 @@ def test_auto_follows_the_class_table_per_dtype_and_row_count(tmp_path, monkeypa
         gemm_table.reload()
 
 
-def test_a_class_without_few_row_entries_fuses_only_where_every_class_does(tmp_path, monkeypatch):
+def test_an_unmeasured_class_fuses_few_rows_where_its_architecture_does(tmp_path, monkeypatch):
     _table(tmp_path, monkeypatch, {
-        "Vendor/a": {"float16": {"gemv": {"1": "fused", "8": "fused"}},
-                     "bfloat16": {"gemv": {"1": "fused", "8": "aten"}}},
-        "Vendor/b": {"float16": {"gemv": {"1": "fused", "8": "fused"}},
-                     "bfloat16": {"gemv": {"1": "fused", "8": "fused"}}, "float32": {"kernel": "fused"}}})
+        "Vendor/avx2": {"float16": {"gemv": {"1": "fused", "8": "fused"}},
+                        "bfloat16": {"gemv": {"1": "fused", "8": "aten"}}},
+        "Vendor/avx512": {"float16": {"gemv": {"1": "fused", "8": "fused"}},
+                          "bfloat16": {"gemv": {"1": "fused", "8": "fused"}}, "float32": {"kernel": "fused"}}})
     try:
         lookup = gemm_table.gemv_lookup
-        assert lookup(torch.float16, 8, key="Vendor/none")[0] == "fused"
-        assert lookup(torch.bfloat16, 1, key="Vendor/none")[0] == "fused"
-        assert lookup(torch.bfloat16, 2, key="Vendor/none")[0] == "aten"  # a measured at 8 rows: aten
-        assert lookup(torch.float32, 1, key="Vendor/none") == (
-            "aten", "Vendor/none float32, 1 rows: class not measured (not every class measured runs it fused)")
-        assert lookup(torch.bfloat16, 2, key="Vendor/b")[0] == "fused"  # its own entry
+        assert lookup(torch.float16, 8, key="Other/amx")[0] == "fused"
+        assert lookup(torch.bfloat16, 1, key="Other/amx")[0] == "fused"
+        assert lookup(torch.bfloat16, 2, key="Other/amx")[0] == "aten"  # avx2 measured at 8 rows: aten
+        assert lookup(torch.float32, 1, key="Other/amx") == (
+            "aten", "Other/amx float32, 1 rows: class not measured, nor any x86 class (eager's kernel)")
+        assert lookup(torch.bfloat16, 2, key="Vendor/avx512")[0] == "fused"  # its own entry
+        # No verdict crosses architectures: ARM keeps eager's kernel where every x86 class fuses...
+        assert lookup(torch.float16, 1, key="ARM/aarch64") == (
+            "aten", "ARM/aarch64 float16, 1 rows: class not measured, nor any aarch64 class (eager's kernel)")
+    finally:
+        gemm_table.reload()
+    # ... and follows the aarch64 classes measured, once there are some
+    _table(tmp_path, monkeypatch, {"Vendor/avx2": {"float16": {"gemv": {"8": "aten"}}},
+                                   "Ampere/aarch64": {"float16": {"gemv": {"8": "fused"}}}})
+    try:
+        assert gemm_table.gemv_lookup(torch.float16, 4, key="ARM/aarch64") == (
+            "fused", "ARM/aarch64 float16, 4 rows: class not measured (every aarch64 class measured runs it fused)")
+        assert gemm_table.gemv_lookup(torch.float16, 4, key="Other/amx")[0] == "aten"
     finally:
         gemm_table.reload()
