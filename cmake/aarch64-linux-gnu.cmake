@@ -9,7 +9,9 @@ set(CMAKE_LIBRARY_ARCHITECTURE aarch64-linux-gnu)
 # -L: the aarch64 loader and libc. FG_QEMU_SYSROOT (scripts/cross_check.sh makes one) adds an ARM /proc/cpuinfo and
 # /sys CPU entries, which torch's cpuinfo reads at start (under qemu-user it would read this x86 machine's and
 # crash). The CPU model: a Neoverse N1 (AWS Graviton2, Ampere Altra): NEON, no SVE, so ATen runs its DEFAULT (NEON)
-# kernels, as fusegraph's do.
+# kernels, as fusegraph's do. Put /usr/aarch64-linux-gnu/lib first in LD_LIBRARY_PATH (the script does): the
+# loader under -L must get the libc of its own glibc build, not the multiarch libc6:arm64 the host's loader cache
+# names, or every program hangs at its second thread.
 if(NOT FG_QEMU_SYSROOT)
   set(FG_QEMU_SYSROOT /usr/aarch64-linux-gnu)
 endif()

@@ -7,9 +7,7 @@
 # What it shows: the build works on ARM (CMake picks the DEFAULT kernels, which at::vec makes NEON; no x86 flag or
 # intrinsic leaks in), and the NEON kernels give the same results as the float64 references, with poisoned outputs,
 # odd sizes, non-contiguous views and every dtype, as tests/cpp checks them on x86. What it cannot show: speed (qemu
-# translates every instruction); more than one thread (on this machine qemu-user, Debian's 7.2 and backports' 10.0
-# alike, hangs when an aarch64 program starts a second thread, even a plain std::thread, so the tests run on one;
-# the split between threads is the same C++ as on x86, where make test covers it); the Python side (Debian's
+# translates every instruction); the Python side (Debian's
 # aarch64 python3.11 runs under qemu, but `import torch` of PyPI's aarch64 wheel loads its CUDA libraries, cuDNN,
 # cuBLAS and NCCL among them, GBs of wheels; the CPU-only aarch64 wheel is on download.pytorch.org, which these
 # machines cannot reach).
@@ -91,8 +89,13 @@ if [ ! -f "$ROOTFS/proc/cpuinfo" ]; then
   for f in possible present online; do echo 0-1 > "$ROOTFS/sys/devices/system/cpu/$f"; done
 fi
 QEMU=(qemu-aarch64 -L "$ROOTFS" -cpu neoverse-n1)
-export OMP_NUM_THREADS=1  # see the header: qemu-user here hangs at an aarch64 program's second thread
-LIBS=$SITE/torch/lib
+# Two threads, as on a small ARM instance (tests/cpp/test_thread_split.cpp sets 4 for itself).
+export OMP_NUM_THREADS=2
+# The cross toolchain's libc first: its loader (the sysroot's) and its libc must be one glibc build. Without it the
+# loader takes libc from this machine's /etc/ld.so.cache, which lists the multiarch libc6:arm64 (another build of
+# 2.36; libgtest-dev:arm64 brings it), and the two disagree on the loader's shared state: pthread_create then loops
+# for ever walking a stack list the other one laid out, and every program hangs at its second thread.
+LIBS=/usr/aarch64-linux-gnu/lib:$SITE/torch/lib
 for d in "$SITE"/nvidia/*/lib; do if [ -d "$d" ]; then LIBS=$LIBS:$d; fi; done
 # The aarch64 loader (under qemu) finds torch's libraries and the CUDA runtime here; x86 programs skip them.
 export LD_LIBRARY_PATH=$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
