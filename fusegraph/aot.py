@@ -87,7 +87,10 @@ def package(model: Union[torch.nn.Module, "torch.export.ExportedProgram"], args:
                # every weight a constant the package can replace: Inductor otherwise compiles a 0-d or <= 8-element
                # parameter (a final projection's bias) into the code as literals, which load_weights cannot reach
                "always_keep_tensor_constants": True}
-    if weights == "separate":
+    if weights == "separate" and not (ep.state_dict or ep.constants):
+        # no weights at all: a separate blob would be empty, which the loader cannot map; nothing to replace anyway
+        options["aot_inductor.package_constants_in_so"] = True
+    elif weights == "separate":
         options["aot_inductor.package_constants_on_disk_format"] = "binary_blob"
     with torch.no_grad():
         files = torch_inductor.aot_compile(ep.module(), flat_args, flat_kwargs, options=options)
@@ -95,7 +98,8 @@ def package(model: Union[torch.nn.Module, "torch.export.ExportedProgram"], args:
         raise RuntimeError("fusegraph.aot.package: AOTInductor compiled the model without running fusegraph's "
                            "fusion pass (its FX graph cache served it?); nothing was fused")
     record = {"counts": job.counts, "lowered": job.lowered, "fallbacks": job.pass_fallbacks + job.tally.fallbacks,
-              "ops": dict(job.ops), "device": device.type, "weights": weights, "metadata": metadata}
+              "ops": dict(job.ops), "device": device.type, "weights": weights, "metadata": metadata,
+              "constants": _constant_leaves(ep)}
     # written whole under its own name (the archive's folder is named after the file) in a fresh folder beside it,
     # then moved into place: a reader never sees a half-written package
     folder = tempfile.mkdtemp(prefix=".fusegraph-aot-", dir=os.path.dirname(os.path.abspath(path)))
@@ -133,7 +137,8 @@ class AOTModel:
         return pytree.tree_unflatten(self._loader.boxed_run(flat), self._out_spec)
 
     def flat_inputs(self, args: tuple, kwargs: dict) -> list:
-        """The call's tensors in the package's order, checked against the exported inputs."""
+        """The call's tensors in the package's order, checked against the exported inputs (dtype, device, shape, the
+        dims the export tied together, the non-tensor arguments' values) and laid out as the package takes them."""
         extra = sorted(set(kwargs) - set(_kwarg_names(self._in_spec)))
         if extra:
             raise TypeError(f"fusegraph.aot: {self.path} was exported without the keyword arguments {extra}; it takes "
@@ -146,9 +151,15 @@ class AOTModel:
         if spec != self._in_spec:
             raise TypeError(f"fusegraph.aot: {self.path} was exported for arguments structured as\n  "
                             f"{self._in_spec}\ngot\n  {spec}")
+        for i, exported in self.record.get("constants") or ():
+            if i < len(leaves) and not _same_constant(leaves[i], exported):
+                shown = exported["repr"] if isinstance(exported, dict) else repr(exported)
+                raise ValueError(f"fusegraph.aot: {self.path}: argument leaf {i} was {shown} when the package was "
+                                 f"exported and is {leaves[i]!r} now: a non-tensor argument is compiled into the "
+                                 "package as a constant; package again for this value, or pass it as a tensor")
         flat = [x for x in leaves if isinstance(x, torch.Tensor)]
-        _C.aot_check_inputs(self.metadata, flat)
-        return flat
+        # checked, and each laid out as the package's code indexes it (another layout is copied into it)
+        return _C.aot_prepare_inputs(self.metadata, flat)
 
     def serve(self, module: torch.nn.Module) -> torch.nn.Module:
         """Makes ``module`` (the model the package was made from, or one like it) run its forward from the package:
@@ -301,16 +312,77 @@ def _inputs_spec(ep) -> str:
         if not isinstance(val, torch.Tensor):
             continue
         dims = []
-        for size in val.shape:
+        for d, size in enumerate(val.shape):
             if isinstance(size, int):
                 dims.append(str(size))
                 continue
-            vr = ranges.get(size.node.expr)
+            expr = size.node.expr
+            form = _linear_form(expr)
+            if form is None:
+                raise ValueError(f"fusegraph.aot.package: input {name!r} dim {d} is exported as {expr}, not a Dim or "
+                                 "a linear form of one (2*B, B+1): the package could not check it at a call")
+            symbol, coef, offset = form
+            vr = ranges.get(expr)
             lo = int(vr.lower) if vr is not None else 0
             hi = "inf" if vr is None or vr.upper.is_infinite else str(int(vr.upper))
-            dims.append(f"{lo}:{hi}")
-        entries.append(f"{name}|{str(val.dtype).replace('torch.', '')}|{val.device.type}|{','.join(dims)}")
+            dims.append(f"{symbol}*{coef}+{offset}={lo}:{hi}")
+        entries.append(f"{name}|{str(val.dtype).replace('torch.', '')}|{val.device.type}|{','.join(dims)}|"
+                       f"{_layout(name, val)}")
     return ";".join(entries)
+
+
+def _linear_form(expr):
+    """(symbol name, coef, offset) for ``coef*symbol + offset`` (ints, coef >= 1), else None."""
+    free = list(getattr(expr, "free_symbols", ()))
+    if len(free) != 1:
+        return None
+    poly = expr.as_poly(free[0])
+    if poly is None or poly.degree() != 1:
+        return None
+    coef, offset = poly.all_coeffs()
+    if not (coef.is_Integer and offset.is_Integer) or int(coef) < 1:
+        return None
+    return str(free[0]), int(coef), int(offset)
+
+
+def _layout(name, val) -> str:
+    """The layout the package's code indexes the input with (csrc/aot/package_check.h): contiguous,
+    channels-last, or (static sizes only) the exported strides."""
+    if val.is_contiguous():
+        return "c"
+    if val.dim() == 4 and val.is_contiguous(memory_format=torch.channels_last):
+        return "cl"
+    if val.dim() == 5 and val.is_contiguous(memory_format=torch.channels_last_3d):
+        return "cl3d"
+    strides = val.stride()
+    if all(isinstance(s, int) for s in strides):
+        return "s:" + ",".join(str(s) for s in strides)
+    raise ValueError(f"fusegraph.aot.package: input {name!r} is exported with strides {tuple(strides)}, neither "
+                     "contiguous nor channels-last, and with dynamic sizes: export with a contiguous example input")
+
+
+def _constant_leaves(ep) -> list:
+    """[[flat position, value]] for the example inputs' leaves that are not tensors: compiled into the package as
+    constants, so a call must pass the same (a value JSON cannot hold is kept as its repr)."""
+    out = []
+    for i, leaf in enumerate(pytree.tree_leaves(ep.example_inputs)):
+        if isinstance(leaf, torch.Tensor):
+            continue
+        try:
+            json.dumps(leaf)
+            out.append([i, leaf])
+        except (TypeError, ValueError):
+            out.append([i, {"repr": repr(leaf)}])
+    return out
+
+
+def _same_constant(given, exported) -> bool:
+    if isinstance(exported, dict) and set(exported) == {"repr"}:
+        return repr(given) == exported["repr"]
+    try:
+        return bool(given == exported)
+    except Exception:  # a leaf whose == does not give a truth value
+        return False
 
 
 def _reorder(kwargs: dict, in_spec) -> dict:

@@ -1,11 +1,14 @@
 #include "aot/package_check.h"
 
 #include <ATen/cpu/Utils.h>
+#include <ATen/ops/empty_strided.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 #include <torch/headeronly/version.h>
 
+#include <algorithm>
 #include <sstream>
+#include <tuple>
 
 namespace fusegraph::aot {
 namespace {
@@ -24,33 +27,106 @@ std::string get(const Metadata& m, const char* key) {
   return it == m.end() ? std::string() : it->second;
 }
 
+// One dim of an exported input: a size, or a range; a dynamic dim also names its symbol and the linear form the dim
+// is of it (torch.export's Dim and derived Dims: `2*B`, `B+1`), so inputs sharing a symbol are checked together.
+struct DimSpec {
+  std::string text;             // as written: "7", "lo:hi", "s0*2+1=lo:hi"
+  std::string symbol;           // "" for a static dim or a legacy range without one
+  int64_t coef = 1, offset = 0;
+  int64_t lo = 0, hi = -1;      // hi -1: unbounded; lo == hi for a static dim
+};
+
+DimSpec parse_dim(const std::string& text) {
+  DimSpec d;
+  d.text = text;
+  std::string range = text;
+  const auto eq = text.find('=');
+  if (eq != std::string::npos) {  // symbol*coef+offset=lo:hi
+    const std::string form = text.substr(0, eq);
+    const auto star = form.find('*'), plus = form.find('+', star == std::string::npos ? 0 : star);
+    TORCH_CHECK(star != std::string::npos && plus != std::string::npos,
+                "fusegraph.aot: malformed dim '", text, "' in the package's metadata; expected symbol*coef+offset=lo:hi");
+    d.symbol = form.substr(0, star);
+    d.coef = std::stoll(form.substr(star + 1, plus - star - 1));
+    d.offset = std::stoll(form.substr(plus + 1));
+    range = text.substr(eq + 1);
+  }
+  const auto colon = range.find(':');
+  if (colon == std::string::npos) {
+    d.lo = d.hi = std::stoll(range);
+  } else {
+    const std::string hi = range.substr(colon + 1);
+    d.lo = std::stoll(range.substr(0, colon));
+    d.hi = hi == "inf" ? -1 : std::stoll(hi);
+  }
+  return d;
+}
+
 struct InputSpec {
   std::string name, dtype, device;
-  std::vector<std::string> dims;  // "7" or "lo:hi"
+  std::vector<DimSpec> dims;
+  // The layout the package's code indexes the input with: "c" (contiguous), "cl" / "cl3d" (channels-last),
+  // "s:a,b,..." (these strides), "" (not recorded: a package from before layouts were; taken as contiguous).
+  std::string layout;
 };
 
 std::vector<InputSpec> parse_inputs(const Metadata& m) {
   std::vector<InputSpec> specs;
   for (const std::string& entry : split(get(m, "fusegraph.inputs"), ';')) {
     std::vector<std::string> f = split(entry, '|');
-    TORCH_CHECK(f.size() == 4 || f.size() == 3, "fusegraph.aot: malformed fusegraph.inputs entry '", entry,
-                "' in the package's metadata; expected name|dtype|device|dims");
-    specs.push_back({f[0], f[1], f[2], f.size() == 4 ? split(f[3], ',') : std::vector<std::string>{}});
+    TORCH_CHECK(f.size() >= 3 && f.size() <= 5, "fusegraph.aot: malformed fusegraph.inputs entry '", entry,
+                "' in the package's metadata; expected name|dtype|device|dims|layout");
+    InputSpec s{f[0], f[1], f[2], {}, f.size() == 5 ? f[4] : std::string()};
+    if (f.size() >= 4) {
+      for (const std::string& dim : split(f[3], ',')) s.dims.push_back(parse_dim(dim));
+    }
+    specs.push_back(std::move(s));
   }
   return specs;
 }
 
-bool dim_fits(const std::string& spec, int64_t size) {
-  auto colon = spec.find(':');
-  if (colon == std::string::npos) return std::stoll(spec) == size;
-  const std::string hi = spec.substr(colon + 1);
-  return size >= std::stoll(spec.substr(0, colon)) && (hi == "inf" || size <= std::stoll(hi));
+bool dim_fits(const DimSpec& d, int64_t size) { return size >= d.lo && (d.hi < 0 || size <= d.hi); }
+
+std::string shape_text(const std::vector<DimSpec>& dims) {
+  std::string s = "[";
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + dims[i].text;
+  return s + "]";
 }
 
-std::string shape_text(const std::vector<std::string>& dims) {
-  std::string s = "[";
-  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + dims[i];
-  return s + "]";
+// The strides the package's code indexes an input of these sizes with (layout as in InputSpec).
+std::vector<int64_t> layout_strides(const std::string& layout, at::IntArrayRef sizes, const std::string& name) {
+  if (layout.rfind("s:", 0) == 0) {
+    std::vector<int64_t> strides;
+    for (const std::string& v : split(layout.substr(2), ',')) strides.push_back(std::stoll(v));
+    TORCH_CHECK(strides.size() == sizes.size(), "fusegraph.aot: input '", name, "' has layout '", layout,
+                "' in the package's metadata, for ", strides.size(), " dims; the input has ", sizes.size());
+    return strides;
+  }
+  std::vector<int64_t> order(sizes.size());  // dims from the innermost (stride 1) out
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(order.size() - 1 - i);
+  if ((layout == "cl" && sizes.size() == 4) || (layout == "cl3d" && sizes.size() == 5)) {
+    order.assign({1});  // channels innermost, then the spatial dims from the last, then the batch
+    for (int64_t d = static_cast<int64_t>(sizes.size()) - 1; d >= 2; --d) order.push_back(d);
+    order.push_back(0);
+  } else {
+    TORCH_CHECK(layout.empty() || layout == "c", "fusegraph.aot: input '", name, "' has layout '", layout,
+                "' in the package's metadata, which this fusegraph does not know (c, cl, cl3d, s:...)");
+  }
+  std::vector<int64_t> strides(sizes.size());
+  int64_t step = 1;
+  for (int64_t d : order) {
+    strides[d] = step;
+    step *= std::max<int64_t>(sizes[d], 1);
+  }
+  return strides;
+}
+
+// Same addressing: every dim of more than one element has the expected stride (a size-1 dim's stride is never used).
+bool same_layout(const at::Tensor& t, const std::vector<int64_t>& strides) {
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) > 1 && t.stride(d) != strides[d]) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -106,11 +182,15 @@ std::string package_problems(const Metadata& m, const std::string& path) {
   return why.str();
 }
 
-void check_inputs(const Metadata& m, const std::vector<at::Tensor>& inputs) {
+std::vector<at::Tensor> prepare_inputs(const Metadata& m, const std::vector<at::Tensor>& inputs) {
   std::vector<InputSpec> specs = parse_inputs(m);
-  if (specs.empty()) return;  // a package without the record: nothing to check against
+  if (specs.empty()) return inputs;  // a package without the record: nothing to check against
   TORCH_CHECK(inputs.size() == specs.size(), "fusegraph.aot: the package takes ", specs.size(), " tensor inputs; got ",
               inputs.size());
+  // symbol -> (its value, the input and dim that gave it)
+  std::unordered_map<std::string, std::tuple<int64_t, size_t, int64_t>> symbols;
+  std::vector<at::Tensor> out;
+  out.reserve(inputs.size());
   for (size_t i = 0; i < specs.size(); ++i) {
     const InputSpec& s = specs[i];
     const at::Tensor& t = inputs[i];
@@ -124,7 +204,32 @@ void check_inputs(const Metadata& m, const std::vector<at::Tensor>& inputs) {
     for (size_t d = 0; fits && d < s.dims.size(); ++d) fits = dim_fits(s.dims[d], t.size(static_cast<int64_t>(d)));
     TORCH_CHECK(fits, "fusegraph.aot: input ", i, " '", s.name, "' has shape ", t.sizes(),
                 "; the package expects ", shape_text(s.dims), " (a dynamic dim as lo:hi)");
+    for (size_t d = 0; d < s.dims.size(); ++d) {
+      const DimSpec& dim = s.dims[d];
+      if (dim.symbol.empty()) continue;
+      const int64_t size = t.size(static_cast<int64_t>(d));
+      TORCH_CHECK(dim.coef > 0 && (size - dim.offset) % dim.coef == 0, "fusegraph.aot: input ", i, " '", s.name,
+                  "' has size ", size, " in dim ", d, "; the package expects ", dim.coef, "*", dim.symbol, "+",
+                  dim.offset);
+      const int64_t value = (size - dim.offset) / dim.coef;
+      auto [it, first] = symbols.try_emplace(dim.symbol, value, i, static_cast<int64_t>(d));
+      if (!first) {
+        const auto& [seen, j, dj] = it->second;
+        TORCH_CHECK(seen == value, "fusegraph.aot: input ", i, " '", s.name, "' dim ", d, " (", size,
+                    ") gives the exported symbol ", dim.symbol, " = ", value, ", but input ", j, " '", specs[j].name,
+                    "' dim ", dj, " (", inputs[j].size(dj), ") gave ", dim.symbol, " = ", seen,
+                    ": the package was exported with these dims tied (", specs[j].dims[dj].text, " and ", dim.text,
+                    ")");
+      }
+    }
+    // The package's code indexes each input with the exported layout: another one (a slice, a transposed or
+    // expanded view) is copied into it, as eager would read it.
+    const std::vector<int64_t> strides = layout_strides(s.layout, t.sizes(), s.name);
+    out.push_back(same_layout(t, strides) ? t : at::empty_strided(t.sizes(), strides, t.options()).copy_(t));
   }
+  return out;
 }
+
+void check_inputs(const Metadata& m, const std::vector<at::Tensor>& inputs) { prepare_inputs(m, inputs); }
 
 }  // namespace fusegraph::aot

@@ -7,8 +7,11 @@
 //                                                 at::cpu::get_cpu_capabilities() reports them); Inductor's C++
 //                                                 code is built for that CPU (-march=native unless told otherwise)
 //   fusegraph.ops        "fusegraph::rms_norm,..." the operators its extern nodes call through the proxy executor
-//   fusegraph.inputs     one entry per flat input, ';'-separated: name|dtype|device|dims, a dim an int or
-//                        "lo:hi" (a dynamic dim's range, hi "inf" when unbounded)
+//   fusegraph.inputs     one entry per flat input, ';'-separated: name|dtype|device|dims|layout. A dim is an int,
+//                        or a dynamic dim "sym*coef+offset=lo:hi": the exported symbol it is a linear form of
+//                        (inputs sharing a symbol must agree on its value) and its range (hi "inf" when unbounded).
+//                        The layout is the one the package's code indexes the input with: "c" (contiguous), "cl" /
+//                        "cl3d" (channels-last), "s:a,b,..." (static strides).
 // Used by the Python front (fusegraph.aot.load, through fusegraph._C) and by C++ programs (examples/aot_runner).
 // No Python: this is part of libfusegraph_ops.
 #include <ATen/core/Tensor.h>
@@ -24,8 +27,13 @@ using Metadata = std::unordered_map<std::string, std::string>;
 // Every reason this process cannot run the package, one per line; empty when it can. `path` names the package.
 std::string package_problems(const Metadata& metadata, const std::string& path);
 
-// Throws c10::Error naming the input, the value seen and the value expected, when `inputs` (the flat inputs, in
-// the package's order) do not fit the package's fusegraph.inputs.
+// The flat inputs (in the package's order) as the package's code must get them: each checked against
+// fusegraph.inputs (dtype, device, shape, a dynamic dim's range and the symbols inputs share), and one laid out
+// otherwise than the package expects copied into its layout (the code indexes with the exported strides).
+// Throws c10::Error naming the input, the value seen and the value expected.
+std::vector<at::Tensor> prepare_inputs(const Metadata& metadata, const std::vector<at::Tensor>& inputs);
+
+// prepare_inputs' checks alone.
 void check_inputs(const Metadata& metadata, const std::vector<at::Tensor>& inputs);
 
 // The short dtype name fusegraph.inputs uses ("float32", "bfloat16", ...: torch's Python names).

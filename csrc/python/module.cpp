@@ -64,8 +64,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("aot_package_problems", &fusegraph::aot::package_problems, py::arg("metadata"), py::arg("path"),
         "Why this process cannot run an AOTInductor package made by fusegraph.aot.package, one reason per line "
         "(csrc/aot/package_check.h); empty when it can.");
-  m.def("aot_check_inputs", &fusegraph::aot::check_inputs, py::arg("metadata"), py::arg("inputs"),
-        "Raises RuntimeError naming the input when the flat inputs do not fit the package's fusegraph.inputs.");
+  m.def("aot_prepare_inputs", &fusegraph::aot::prepare_inputs, py::arg("metadata"), py::arg("inputs"),
+        "The flat inputs as the package's code takes them (one in another layout copied into the exported one); "
+        "raises RuntimeError naming the input when they do not fit the package's fusegraph.inputs.");
   fusegraph::set_autograd_hook(&autograd_hook);
   py::module_ graph = m.def_submodule("graph", "graph runtime: GraphCache, HostGraph, PyExecutable");
   fusegraph::python::bind_graph(graph);

@@ -64,16 +64,18 @@ int run(int argc, char** argv) {
   }
   const std::string& package = positional[0];
   auto t0 = std::chrono::steady_clock::now();
-  torch::inductor::AOTIModelPackageLoader loader(package);
-  fusegraph::aot::Metadata metadata = loader.get_metadata();
+  // the metadata first, from the archive: loading the package's .so needs the torch, the CPU and the ops it checks
+  fusegraph::aot::Metadata metadata =
+      torch::inductor::AOTIModelPackageLoader::load_metadata_from_package(package, "model");
   std::string problems = fusegraph::aot::package_problems(metadata, package);
   if (!problems.empty()) {
     std::cerr << "cannot run this package here:\n" << problems;
     return 1;
   }
+  torch::inductor::AOTIModelPackageLoader loader(package);
   auto t1 = std::chrono::steady_clock::now();
-  std::vector<at::Tensor> inputs = load_tensors(positional[1]);
-  fusegraph::aot::check_inputs(metadata, inputs);
+  // checked, and laid out as the package's code indexes them
+  std::vector<at::Tensor> inputs = fusegraph::aot::prepare_inputs(metadata, load_tensors(positional[1]));
   std::cout << "package " << package << ": fused ops " << metadata["fusegraph.ops"] << "; loaded in "
             << std::chrono::duration<double>(t1 - t0).count() << " s; " << at::get_num_threads() << " threads\n";
 
@@ -112,6 +114,9 @@ int run(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     return run(argc, argv);
+  } catch (const c10::Error& e) {
+    std::cerr << "fusegraph_aot_runner: " << e.what_without_backtrace() << "\n";
+    return 1;
   } catch (const std::exception& e) {
     std::cerr << "fusegraph_aot_runner: " << e.what() << "\n";
     return 1;

@@ -268,3 +268,72 @@ def test_exported_program_and_the_default_choice(tmp_path):
     x2 = torch.randn(3, 7, 64)
     with torch.no_grad():
         close(loaded(x2), model(x2))
+
+
+class _Tied(torch.nn.Module):
+    """x and y share their first dim (B); z's is 2*B; scale is a Python float compiled in as a constant."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x, y, z, scale=2.0):
+        return self.lin(x) * scale + y, z.sum(0)
+
+
+@pytest.fixture(scope="module")
+def tied(tmp_path_factory):
+    model = _Tied().eval()
+    B = torch.export.Dim("B", min=2, max=64)
+    args = (torch.randn(4, 8), torch.randn(4, 8), torch.randn(8, 8))
+    path = aot.package(model, args, {"scale": 2.0}, str(tmp_path_factory.mktemp("aot") / "tied.pt2"),
+                       dynamic_shapes=({0: B}, {0: B}, {0: 2 * B}, None))
+    return model, aot.load(path)
+
+
+def test_an_input_in_another_layout_is_laid_out_as_exported(tied):
+    """The package's code indexes each input with the exported strides: a slice, an expanded or a transposed view is
+    copied into that layout (before: silently wrong, or read past the storage), as eager reads it."""
+    model, loaded = tied
+    assert loaded.metadata["fusegraph.inputs"].split(";")[0].endswith("|c")
+    base = torch.randn(6, 16)
+    views = {"sliced": base[:, ::2], "expanded": torch.randn(1, 8).expand(6, 8), "transposed": torch.randn(8, 6).t()}
+    for name, view in views.items():
+        assert not view.is_contiguous(), name
+        z = torch.randn(12, 8)
+        for x, y in ((view, torch.randn(6, 8)), (torch.randn(6, 8), view)):
+            got, want = loaded(x, y, z, scale=2.0), model(x, y, z)
+            close(got[0], want[0].detach())
+            close(got[1], want[1])
+
+
+def test_dims_exported_tied_are_checked_together(tied):
+    _, loaded = tied
+    with pytest.raises(RuntimeError, match=r"input 1 'y' dim 0 \(3\) gives the exported symbol \w+ = 3, but input 0 "
+                                           r"'x' dim 0 \(6\) gave \w+ = 6"):
+        loaded(torch.randn(6, 8), torch.randn(3, 8), torch.randn(12, 8), scale=2.0)
+    with pytest.raises(RuntimeError, match=r"input 2 'z' dim 0 \(10\) gives the exported symbol \w+ = 5"):
+        loaded(torch.randn(6, 8), torch.randn(6, 8), torch.randn(10, 8), scale=2.0)
+    with pytest.raises(RuntimeError, match=r"input 2 'z' has size 13 in dim 0; the package expects 2\*\w+\+0"):
+        loaded(torch.randn(6, 8), torch.randn(6, 8), torch.randn(13, 8), scale=2.0)
+
+
+def test_a_non_tensor_argument_must_be_the_exported_value(tied):
+    model, loaded = tied
+    x, y, z = torch.randn(5, 8), torch.randn(5, 8), torch.randn(10, 8)
+    close(loaded(x, y, z, scale=2.0)[0], model(x, y, z, scale=2.0)[0].detach())
+    with pytest.raises(ValueError, match=r"argument leaf 3 was 2.0 when the package was exported and is 3.0 now"):
+        loaded(x, y, z, scale=3.0)
+
+
+def test_a_model_without_weights_packages_with_separate_weights(tmp_path):
+    class NoWeights(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.gelu(x * 2 + 1, approximate="tanh")
+
+    path = aot.package(NoWeights(), (torch.randn(3, 5),), path=str(tmp_path / "none.pt2"))
+    loaded = aot.load(path)
+    assert loaded.weight_names() == []
+    x = torch.randn(3, 5)
+    close(loaded(x), NoWeights()(x))
+    loaded.load_weights({})  # nothing to replace: not an error
