@@ -46,7 +46,8 @@ AdalnNorm parse_adaln_norm(c10::string_view norm) {
 
 at::ScalarType check_adaln_args(const at::Tensor& x, const at::Tensor& scale, const std::optional<at::Tensor>& shift,
                                 double eps, const std::optional<at::Tensor>& weight,
-                                const std::optional<at::Tensor>& bias, std::optional<at::ScalarType> out_dtype) {
+                                const std::optional<at::Tensor>& bias, std::optional<at::ScalarType> out_dtype,
+                                AdalnNorm norm) {
   check_float_tensor(x, "adaln", "x");
   TORCH_CHECK(x.dim() >= 2, "fusegraph.adaln: argument 'x' has shape ", x.sizes(), " (", x.dim(),
               " dims); expected at least 2 dims, e.g. [B, S, D]");
@@ -60,12 +61,13 @@ at::ScalarType check_adaln_args(const at::Tensor& x, const at::Tensor& scale, co
   check_eps(eps, "adaln");
   check_out_dtype(out_dtype, "adaln");
   if (out_dtype.has_value()) return *out_dtype;
-  // Eager `norm(x)[* w + b] * (1 + scale) [+ shift]`: every operand has >= 1 dim, so torch.result_type is
-  // plain dtype promotion over all of them.
+  // Eager `norm(x) * (1 + scale) [+ shift]`: every operand has >= 1 dim, so torch.result_type is plain dtype
+  // promotion. LayerNorm's affine is inside layer_norm(x, [D], w, b), whose result has x's dtype (eager's
+  // mixed-dtype LayerNorm: float32 w, b on bf16/fp16 x); RMSNorm's is the product rms_norm(x) * w + b, which promotes.
   at::ScalarType t = at::promote_types(x.scalar_type(), scale.scalar_type());
   if (has_shift) t = at::promote_types(t, shift->scalar_type());
-  if (has_w) t = at::promote_types(t, weight->scalar_type());
-  if (has_b) t = at::promote_types(t, bias->scalar_type());
+  if (norm == AdalnNorm::Rms && has_w) t = at::promote_types(t, weight->scalar_type());
+  if (norm == AdalnNorm::Rms && has_b) t = at::promote_types(t, bias->scalar_type());
   return t;
 }
 
@@ -99,7 +101,8 @@ at::Tensor adaln_cpu(const at::Tensor& x_in, const at::Tensor& scale_in, const s
                      double eps, const std::optional<at::Tensor>& weight_in, const std::optional<at::Tensor>& bias_in,
                      std::optional<at::ScalarType> out_dtype_in, c10::string_view norm_name) {
   const AdalnNorm norm = parse_adaln_norm(norm_name);
-  const at::ScalarType out_dtype = check_adaln_args(x_in, scale_in, shift_in, eps, weight_in, bias_in, out_dtype_in);
+  const at::ScalarType out_dtype =
+      check_adaln_args(x_in, scale_in, shift_in, eps, weight_in, bias_in, out_dtype_in, norm);
   const bool has_shift = shift_in.has_value() && shift_in->defined();
   const bool has_w = weight_in.has_value() && weight_in->defined();
   const bool has_b = bias_in.has_value() && bias_in->defined();

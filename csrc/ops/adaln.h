@@ -21,7 +21,7 @@ AdalnNorm parse_adaln_norm(c10::string_view norm);
 at::ScalarType check_adaln_args(const at::Tensor& x, const at::Tensor& scale, const std::optional<at::Tensor>& shift,
                                 double eps,
                                 const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
-                                std::optional<at::ScalarType> out_dtype);
+                                std::optional<at::ScalarType> out_dtype, AdalnNorm norm);
 
 // The float64 path (any tensor argument or out_dtype float64): norm(x) [* w + b] * (1 + scale) [+ shift]
 // with at:: ops in float64, rounded once to out_dtype into a contiguous output. Device-agnostic.

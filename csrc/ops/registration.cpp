@@ -15,7 +15,7 @@ TORCH_LIBRARY(fusegraph, m) {
   m.def("rope(Tensor x, Tensor cos, Tensor sin, *, Scalar? interleaved=True, int? rotary_dim=None) -> Tensor");
   m.set_python_module("fusegraph.ops.adaln");
   m.def(
-      "adaln(Tensor x, Tensor scale, Tensor? shift, float eps=1e-06, Tensor? weight=None, Tensor? bias=None, *, "
+      "adaln(Tensor x, Tensor scale, Tensor? shift=None, float eps=1e-06, Tensor? weight=None, Tensor? bias=None, *, "
       "ScalarType? out_dtype=None, str norm=\"layer\") -> Tensor");
   m.set_python_module("fusegraph.ops.gelu");
   m.def("gelu_tanh(Tensor x) -> Tensor");

@@ -26,7 +26,9 @@ inline std::optional<RowLayout> coalesce_rows(at::IntArrayRef shape, c10::ArrayR
   int ndim = 0;
   int64_t sizes[64];
   int64_t strides[64][8];  // [dim][operand]
-  TORCH_INTERNAL_ASSERT(rank <= 65 && n <= 8, "coalesce_rows: rank ", rank, " or ", n, " operands out of range");
+  TORCH_CHECK(rank <= 65, "fusegraph: an argument of shape ", shape, " has ", rank,
+              " dims; fusegraph's row ops take at most 65 (eager PyTorch's ops: 64)");
+  TORCH_INTERNAL_ASSERT(n <= 8, "coalesce_rows: ", n, " operands out of range");
   for (int64_t d = 0; d + 1 < rank; ++d) {
     if (shape[d] == 1) continue;
     size_t j = 0;

@@ -9,8 +9,8 @@ from ._checks import check_eps, check_float_tensor, check_out_dtype, check_row_p
 NORMS = ("layer", "rms")
 
 
-def adaln(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor | None, eps: float = 1e-6, *,
-          weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+def adaln(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor | None = None, eps: float = 1e-6,
+          weight: torch.Tensor | None = None, bias: torch.Tensor | None = None, *,
           out_dtype: torch.dtype | None = None, norm: str = "layer") -> torch.Tensor:
     r"""A norm over the last dim :math:`D`, then modulation:
 
@@ -34,8 +34,10 @@ def adaln(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor | None, eps:
     ``emb.chunk(6, dim=1)[i][:, None]`` are read in place, as are per-token ``[B, S, D]``, ``[D]`` and
     ``[1, 1, D]``). ``weight``/``bias`` are ``[D]`` or None.
 
-    Output dtype: ``out_dtype`` if given, else what eager gives for the unfused expression
-    (``torch.result_type`` over ``x, scale, shift, weight, bias``, those given). Wan's
+    Output dtype: ``out_dtype`` if given, else what eager gives for the unfused expression: ``torch.result_type``
+    over ``x, scale, shift`` and, for ``norm="rms"`` (whose affine is a product), ``weight, bias``, those given.
+    For ``norm="layer"`` the affine is inside ``layer_norm``, whose result has ``x``'s dtype (a float32 weight on
+    bf16 ``x`` is eager's mixed-dtype LayerNorm). Wan's
     ``(LayerNorm(x.float()) * (1 + scale) + shift).type_as(x)`` is ``adaln(x, scale, shift, out_dtype=x.dtype)``.
     Output is contiguous with ``x``'s shape.
 
@@ -71,7 +73,7 @@ def check_adaln_norm(norm) -> None:
         raise ValueError(f"fusegraph.adaln: argument 'norm' is \"{norm}\"; expected \"layer\" or \"rms\"")
 
 
-def check_adaln_args(x, scale, shift, eps, weight, bias, out_dtype) -> torch.dtype:
+def check_adaln_args(x, scale, shift, eps, weight, bias, out_dtype, norm="layer") -> torch.dtype:
     """Same checks and output-dtype rule as ``check_adaln_args`` in C++."""
     check_float_tensor(x, "adaln", "x")
     if x.dim() < 2:
@@ -91,16 +93,17 @@ def check_adaln_args(x, scale, shift, eps, weight, bias, out_dtype) -> torch.dty
     if out_dtype is not None:
         return out_dtype
     dtype = x.dtype
-    for t in (scale, shift, weight, bias):
+    # layer_norm(x, [D], weight, bias) has x's dtype; rms_norm(x) * weight + bias promotes
+    for t in (scale, shift) if norm == "layer" else (scale, shift, weight, bias):
         if t is not None:
             dtype = torch.promote_types(dtype, t.dtype)
     return dtype
 
 
 @torch.library.register_fake("fusegraph::adaln")
-def _adaln_fake(x, scale, shift, eps=1e-6, weight=None, bias=None, *, out_dtype=None, norm="layer"):
+def _adaln_fake(x, scale, shift=None, eps=1e-6, weight=None, bias=None, *, out_dtype=None, norm="layer"):
     check_adaln_norm(norm)
-    dtype = check_adaln_args(x, scale, shift, eps, weight, bias, out_dtype)
+    dtype = check_adaln_args(x, scale, shift, eps, weight, bias, out_dtype, norm)
     return torch.empty_like(x, dtype=dtype, memory_format=torch.contiguous_format)
 
 

@@ -138,6 +138,55 @@ def test_layernorm_with_affine_fuses():
     assert_matches(out, eager)
 
 
+@pytest.mark.parametrize("inductor", [False, True])
+@pytest.mark.parametrize("noshift", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_float32_affine_on_low_precision_x_keeps_x_dtype(dtype, noshift, inductor):
+    """An fp32-kept LayerNorm (``_keep_in_fp32_modules``, CogVideoX-style affine norm) on bf16/fp16 activations:
+    eager's mixed-dtype layer_norm returns x's dtype, so the modulated result stays bf16/fp16 (the fused op once
+    promoted it with the weight's dtype, and a following bf16 linear then raised)."""
+    w, b = torch.randn(D) * 0.2 + 1, torch.randn(D) * 0.2
+    W = torch.randn(8, D, dtype=dtype) / 4
+
+    def f(x, scale, shift):
+        y = F.layer_norm(x, [D], w, b, 1e-6) * (1 + scale)
+        return F.linear(y if noshift else y + shift, W)
+
+    x, scale, shift = (torch.randn(2, 5, D, dtype=dtype), torch.randn(2, 1, D, dtype=dtype),
+                       torch.randn(2, 1, D, dtype=dtype))
+    bk, out, eager = compile_and_run(f, x, scale, shift, inductor=inductor, fusion_choice="always")
+    assert bk.stats.patterns["adaln_noshift" if noshift else "adaln"] == 1
+    assert out.dtype == eager.dtype == dtype
+    assert_matches(out, eager, scale=4.0)
+
+
+@pytest.mark.parametrize("inductor", [False, True])
+@pytest.mark.parametrize("case", ["per_sample_scale", "zero_dim_shift", "rank1_x", "continuous_b1"])
+def test_modulation_the_op_refuses_stays_unfused(case, inductor):
+    """Shapes eager broadcasts but fusegraph.adaln refuses (a per-sample [B, 1, 1] scale, a 0-dim shift, x of rank
+    1, a continuous [B, 1] chunk): the site stays unfused and compiles (it once failed the compile)."""
+    x = torch.randn(16) if case == "rank1_x" else torch.randn(2, 5, 16)
+    scale, shift = torch.randn(2, 1, 16), torch.randn(2, 1, 16)
+    if case == "per_sample_scale":
+        scale = torch.randn(2, 1, 1)
+    elif case == "zero_dim_shift":
+        shift = torch.randn(())
+    elif case == "rank1_x":
+        scale, shift = torch.randn(16), torch.randn(16)
+
+    def f(x, scale, shift):
+        return F.layer_norm(x, [16]) * (1 + scale) + shift
+
+    def continuous(x, scale, shift):
+        return F.layer_norm(x, [16]) * (1 + scale)[:, None, :] + shift[:, None, :]
+
+    if case == "continuous_b1":
+        f, scale, shift = continuous, torch.randn(2, 1), torch.randn(2, 16)
+    bk, out, eager = compile_and_run(f, x, scale, shift, inductor=inductor, fusion_choice="always")
+    assert bk.stats.patterns["adaln"] == 0
+    assert_matches(out, eager)
+
+
 def randomize(module):
     """Random weights everywhere, norm weights around 1 and biases around 0: ones/zeros would hide a dropped
     weight or bias."""

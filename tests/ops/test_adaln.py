@@ -52,13 +52,36 @@ def test_mixed_dtypes_follow_eager_promotion(x_dtype, mod_dtype, affine):
     w = randn(D, dtype=torch.bfloat16, offset=1.0) if affine else None
     b = randn(D, dtype=torch.float16) if affine else None
     out = fusegraph.ops.adaln(x, scale, shift, weight=w, bias=b)
-    # eager dtype of the unfused expression (layer_norm's own output has x's dtype)
-    eager_dtype = torch.result_type(x, scale)
-    for t in (shift, w, b):
-        if t is not None:
-            eager_dtype = torch.promote_types(eager_dtype, t.dtype)
-    assert out.dtype == eager_dtype
+    # eager dtype of the unfused expression: layer_norm(x, [D], w, b) has x's dtype whatever w and b are
+    assert out.dtype == torch.promote_types(torch.result_type(x, scale), shift.dtype)
     assert_close_to_reference(out, adaln_ref(x, scale, shift, weight=w, bias=b))
+
+
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+def test_float32_affine_on_low_precision_x_gives_eagers_dtype(x_dtype, norm):
+    """An fp32 affine on bf16/fp16 x: eager's mixed-dtype layer_norm keeps x's dtype; the RMS form's affine is a
+    product (rms_norm(x) * w + b), which promotes."""
+    D = 40
+    x, scale, shift = randn(2, 3, D, dtype=x_dtype), randn(2, 1, D, dtype=x_dtype), randn(2, 1, D, dtype=x_dtype)
+    w, b = randn(D, offset=1.0), randn(D)
+    if norm == "layer":
+        eager = torch.nn.functional.layer_norm(x, [D], w, b, 1e-6) * (1 + scale) + shift
+    else:
+        eager = (torch.rms_norm(x, [D], None, 1e-6) * w + b) * (1 + scale) + shift
+    out = fusegraph.ops.adaln(x, scale, shift, 1e-6, w, b, norm=norm)
+    assert out.dtype == eager.dtype == (x_dtype if norm == "layer" else torch.float32)
+    torch.testing.assert_close(out, eager, rtol=1.6e-2, atol=4e-2)
+
+
+def test_spec_signature():
+    """SPEC §2: adaln(x, scale, shift=None, eps=1e-6, weight=None, bias=None, *, out_dtype=None, norm="layer")."""
+    D = 24
+    x, scale, shift = randn(2, 3, D), randn(2, 1, D), randn(2, 1, D)
+    w, b = randn(D, offset=1.0), randn(D)
+    assert_close_to_reference(fusegraph.ops.adaln(x, scale), adaln_ref(x, scale, None))
+    assert_close_to_reference(fusegraph.ops.adaln(x, scale, shift, 1e-5, w, b), adaln_ref(x, scale, shift, 1e-5, w, b))
+    assert_close_to_reference(torch.ops.fusegraph.adaln(x, scale), adaln_ref(x, scale, None))
 
 
 def test_scale_and_shift_of_different_dtypes():

@@ -18,7 +18,7 @@ at::Tensor adaln_cuda(const at::Tensor& x_in, const at::Tensor& scale_in, const 
                       double eps, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
                       std::optional<at::ScalarType> out_dtype_opt, c10::string_view norm_name) {
   const AdalnNorm norm = parse_adaln_norm(norm_name);
-  const at::ScalarType out_dtype = check_adaln_args(x_in, scale_in, shift_in, eps, weight, bias, out_dtype_opt);
+  const at::ScalarType out_dtype = check_adaln_args(x_in, scale_in, shift_in, eps, weight, bias, out_dtype_opt, norm);
   const c10::cuda::CUDAGuard guard(x_in.device());
   const bool has_shift = shift_in.has_value() && shift_in->defined();
   const bool has_w = weight.has_value() && weight->defined();

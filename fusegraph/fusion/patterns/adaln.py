@@ -43,10 +43,11 @@ import torch.nn.functional as F
 from ..._core.torch_pattern_matcher import Match, PatternMatcherPass
 
 from ._prepare import prepare_before, split_shared_casts, split_shared_factors
-from ._trace import fwd_functional, kwarg
+from ._trace import fwd_functional
 from . import _anchors
 from ._family import Candidate, Family, Form, NoSite, register_forms
 from ._lowering import adaln as lower, adaln_shift, adaln_site
+from .adaln_rms import supported
 
 _EPS_MAGIC = 0.07314279675483704  # exactly representable in fp32; every literal equal to it becomes eps
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -109,8 +110,9 @@ def _fused_fp32(x, scale, shift, eps):
 
 
 def _fused_affine(x, weight, bias, scale, shift, eps):
+    # layer_norm(x, [D], weight, bias) has x's dtype whatever the affine's (eager's mixed-dtype LayerNorm)
     return torch.ops.fusegraph.adaln(
-        x, scale, shift, eps, weight=weight, bias=bias, out_dtype=_out_dtype(x, weight, bias, scale, shift)
+        x, scale, shift, eps, weight=weight, bias=bias, out_dtype=_out_dtype(x, scale, shift)
     )
 
 
@@ -122,44 +124,12 @@ def _fused_affine_continuous(x, weight, bias, scale, shift, eps):
 # ---- checks ------------------------------------------------------------------------------------------
 
 
-def _val(match: Match, name: str):
-    node = match.kwargs.get(name)
-    return node.meta.get("val") if isinstance(node, torch.fx.Node) else node
-
-
 def _supported(match: Match, *, chunks: bool = False) -> bool:
-    """What the fused kernel takes: float x; float scale/shift broadcastable to x without growing it
-    (``chunks``: the continuous form's ``[B, D]``, unsqueezed by the replacement); 1-D weight/bias of size
-    D; a usable eps; everything on x's device."""
-    x = _val(match, "x")
-    if not isinstance(x, torch.Tensor) or x.dtype not in _DTYPES or x.dim() < 1:
-        return False
-    eps = kwarg(match, "eps")
-    if not isinstance(eps, (int, float)) or not eps >= 0.0:
-        return False
-    for name in ("scale", "shift", "weight", "bias"):
-        t = _val(match, name)
-        if t is None and name in ("weight", "bias"):
-            continue
-        if not isinstance(t, torch.Tensor) or t.dtype not in _DTYPES or t.device != x.device:
-            return False
-        if name in ("weight", "bias"):
-            if t.dim() != 1 or t.shape[0] != x.shape[-1]:
-                return False
-            continue
-        shape = tuple(t.shape)
-        if chunks:
-            if len(shape) != 2:
-                return False
-            shape = (shape[0], 1, shape[1])
-        if len(shape) > x.dim():
-            return False
-        try:
-            if tuple(torch.broadcast_shapes(x.shape, shape)) != tuple(x.shape):
-                return False
-        except RuntimeError:
-            return False
-    return True
+    """What the fused kernel takes (the op's own checks, so a site it would refuse stays unfused): float x of rank
+    >= 2; float scale/shift with x's last dim D that broadcast to x without growing it (``chunks``: the continuous
+    form's ``[B, D]``, unsqueezed by the replacement; a per-sample ``[B, 1, 1]`` scale or a 0-dim shift does not
+    fit); 1-D weight/bias of size D; a usable eps; everything on x's device."""
+    return supported(match, chunks=chunks)
 
 
 # ---- shared norms ------------------------------------------------------------------------------------

@@ -205,9 +205,11 @@ def _fused_ln_fp32(x, scale, eps):
 
 
 def _fused_ln_affine(x, weight, bias, scale, eps):
-    expected = _ln_dtype(x, weight, bias, scale)
+    # layer_norm(x, [D], weight, bias) has x's dtype whatever the affine's (eager's mixed-dtype LayerNorm), and so
+    # has adaln(norm="layer")'s own promotion
+    expected = _ln_dtype(x, scale)
     return torch.ops.fusegraph.adaln(x, scale, None, eps, weight=weight, bias=bias,
-                                     out_dtype=adaln_out_dtype(expected, x, weight, bias, scale))
+                                     out_dtype=adaln_out_dtype(expected, x, scale))
 
 
 def _fused_ln_affine_continuous(x, weight, bias, scale, eps):
