@@ -8,3 +8,4 @@ from torch._guards import TracingContext, detect_fake_mode, tracing  # noqa: F40
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily  # noqa: F401
 from torch.utils._python_dispatch import _disable_current_modes as disable_current_modes  # noqa: F401
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass  # noqa: F401
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401

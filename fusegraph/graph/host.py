@@ -27,13 +27,53 @@ class Unsupported(Exception):
     """A node the host graph cannot run; the message is the reason logged and counted in stats."""
 
 
+class DataDependent(RuntimeError):
+    """The traced call has an op whose output shape follows the input's values (``nonzero``, a boolean mask
+    index...): a real-mode trace fixes that shape, and everything computed from it, to the traced call's, so no
+    graph of it is right for other values. The call's signature runs uncaptured."""
+
+
 def trace_aten(fn, tensors):
     """``fn(*tensors)`` traced to an aten-level FX graph (make_fx, real tensors, no grad): the ops the eager
-    call dispatches after autograd, composite ops decomposed, custom (fusegraph::) ops kept whole."""
+    call dispatches after autograd, composite ops decomposed, custom (fusegraph::) ops kept whole. Raises
+    ``DataDependent`` for a graph whose shapes depend on the inputs' values."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     with torch.no_grad():
-        return make_fx(fn, tracing_mode="real")(*tensors)
+        gm = make_fx(fn, tracing_mode="real")(*tensors)
+    why = data_dependent(gm)
+    if why:
+        raise DataDependent(why)
+    return gm
+
+
+_DATA_TAGS = (torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output)
+
+
+def data_dependent(gm: torch.fx.GraphModule) -> str | None:
+    """Why ``gm`` (traced with real tensors) holds a value- or shape-from-data op, or None. Integer indexing
+    (``aten.index.Tensor`` without a boolean index), ``one_hot`` with ``num_classes`` and ``repeat_interleave``
+    with ``output_size`` have shapes from their arguments' shapes and are fine."""
+    for n in gm.graph.nodes:
+        target = single_overload(n.target) if n.op == "call_function" else None
+        if target is None or not any(tag in target.tags for tag in _DATA_TAGS):
+            continue
+        name = target.name()
+        if name == "aten::index.Tensor":
+            indices = n.args[1] if len(n.args) > 1 else n.kwargs.get("indices", ())
+            vals = [i.meta.get("val") for i in indices if isinstance(i, torch.fx.Node)]
+            if all(isinstance(v, torch.Tensor) and v.dtype not in (torch.bool, torch.uint8) for v in vals):
+                continue
+        elif name == "aten::one_hot":
+            classes = n.args[1] if len(n.args) > 1 else n.kwargs.get("num_classes", -1)
+            if isinstance(classes, int) and classes >= 0:
+                continue
+        elif name == "aten::repeat_interleave.Tensor":
+            if n.kwargs.get("output_size") is not None:
+                continue
+        return (f"{target} (node {n.name}) makes a shape or value from the input's data; a graph would fix it to "
+                "the captured call's")
+    return None
 
 
 def trace_fused(fn, tensors, fusion_patterns, *, verify=False):

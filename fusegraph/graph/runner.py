@@ -36,6 +36,7 @@ The backend's graph routes call ``compile_graph_route(gm, example_inputs, config
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
@@ -47,12 +48,12 @@ from .. import _C
 from .._core import ranks
 from .._core.torch_dispatcher import disabled_torch_function_impl, internal_overlap, pytree, single_overload
 from .._core.torch_dynamo import capture_lock, fx_tracing_window
-from .._core.torch_fake import FakeTensor, unset_fake_temporarily
+from .._core.torch_fake import FakeTensor, TorchDispatchMode, unset_fake_temporarily
 from ..stats import Stats
 
 from .buckets import _BucketsOff, graph_route_batch, make_buckets
 from .drivers import select_driver, static_buffers
-from .host import specialize
+from .host import DataDependent, specialize
 from .options import GraphOptions
 
 _log = logging.getLogger("fusegraph.graph")
@@ -316,10 +317,14 @@ class GraphRunner:
         flat_fn, out_box = self._flat_fn(leaves, in_spec, args, kwargs)
         t0 = time.perf_counter()
         failure = None
+        # fn's module state (a counter, running statistics, a cache written in place): the capture's trace, warm-up
+        # and timing runs would each write it; their writes are undone, so the call's write is the replay's alone
+        held = self._state_tensors(leaves) if driver.name == "host" else []
+        state = _StateWrites(held) if held else contextlib.nullcontext()
         try:
             # real tensors only: a compile-time capture runs inside aot_autograd, whose FakeTensorMode would
             # turn the graph's own factory ops (a graph of constants, like Mochi's position tables) into fakes
-            with capture_lock(), fx_tracing_window("capture"), unset_fake_temporarily():
+            with capture_lock(), fx_tracing_window("capture"), unset_fake_temporarily(), state:
                 graph = self._aten_graph if in_spec is None else None
                 if self._symbolic_aten_graph and not kwargs and len(leaves) == len(args) + 1:
                     graph = specialize(self.fn, leaves[:-1])  # None: the driver traces this call instead
@@ -369,6 +374,22 @@ class GraphRunner:
                   f"; evicted {len(evicted)}" if evicted else "")
         return True
 
+    def _state_tensors(self, leaves) -> list:
+        """The parameters, buffers and tensor attributes of fn's modules and of module arguments."""
+        if not self._guard_weights:  # the backend's routes: the state is among the graph's inputs
+            return []
+        modules = _modules_of(self.fn) + [x for x in leaves if isinstance(x, torch.nn.Module)]
+        out, seen = [], set()
+        for root in modules:
+            for m in root.modules():
+                if id(m) in seen:
+                    continue
+                seen.add(id(m))
+                out += [t for t in m._parameters.values() if t is not None]
+                out += [t for t in m._buffers.values() if t is not None]
+                out += [v for v in m.__dict__.values() if isinstance(v, torch.Tensor)]
+        return out
+
     def _note_values(self, leaves) -> None:
         """Warns once per argument position whose non-tensor value has been captured in more than
         VALUES_PER_POSITION_WARNING graphs (each value is a graph of its own)."""
@@ -398,6 +419,8 @@ class GraphRunner:
             graph, counts, plain = trace_fused(flat_fn, work, o.fusion_patterns, verify=o.verify)
         except _Uncapturable:
             raise
+        except DataDependent as e:  # no graph of this call is right: not a fusion problem
+            raise _Uncapturable(str(e)) from None
         except Exception as e:  # fusion is an optimisation: capture the function as it is
             first = (str(e).strip().splitlines() or [""])[0][:160]
             self.stats.add_fallback(f"fusion before capture skipped ({type(e).__name__}: {first})")
@@ -533,8 +556,9 @@ def _modules_of(fn) -> list:
 
 
 def _module_guard(modules):
-    """A C++ SlotGuard over every parameter, buffer, submodule and tensor attribute of ``modules``; None when
-    there are none."""
+    """A C++ SlotGuard over every parameter, buffer, submodule and tensor attribute of ``modules``, and each
+    module's ``training`` flag (``train()``/``eval()``: Dropout, BatchNorm and ``if self.training`` branches trace
+    otherwise); None when there are none. Other Python attributes a forward reads are fixed at capture."""
     if not modules:
         return None
     guard = _C.graph.SlotGuard()
@@ -549,9 +573,48 @@ def _module_guard(modules):
                     guard.add(d, k, v)
             attrs = m.__dict__
             for k, v in attrs.items():
-                if isinstance(v, torch.Tensor):
+                if isinstance(v, torch.Tensor) or k == "training":
                     guard.add(attrs, k, v)
     return guard
+
+
+class _StateWrites(TorchDispatchMode):
+    """Active over a capture: the first in-place write to one of ``tensors`` (a module's state) saves a copy of the
+    tensor; leaving restores every saved one. A capture runs fn several times (the fusion trace, warm-up runs, the
+    host graph's timed replays); fn's own writes to the state it holds then happen once per call, in the replay,
+    as eagerly. Only what is written is copied."""
+
+    def __init__(self, tensors):
+        super().__init__()
+        self._by_storage: dict = {}
+        for t in tensors:
+            if type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type != "meta":
+                self._by_storage.setdefault(t.untyped_storage().data_ptr(), []).append(t)
+        self._saved: dict = {}  # storage address -> [(tensor, copy)]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self._by_storage and func._schema.is_mutable:
+            for i, arg in enumerate(func._schema.arguments):
+                if arg.alias_info is None or not arg.alias_info.is_write:
+                    continue
+                value = args[i] if i < len(args) and not arg.kwarg_only else kwargs.get(arg.name)
+                if type(value) in (torch.Tensor, torch.nn.Parameter) and value.device.type != "meta":
+                    key = value.untyped_storage().data_ptr()
+                    if key in self._by_storage and key not in self._saved:
+                        with torch.no_grad():
+                            self._saved[key] = [(t, t.detach().clone()) for t in self._by_storage[key]]
+        return func(*args, **kwargs)
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            with torch.no_grad():
+                for pairs in self._saved.values():
+                    for t, copy in pairs:
+                        t.detach().copy_(copy)
+            self._saved.clear()
 
 
 def compile_graph_route(gm, example_inputs, config=None, stats: Stats | None = None, static_inputs=()):

@@ -287,3 +287,90 @@ def test_process_defaults_apply_without_a_config():
     for n in (2, 3, 4):
         r(torch.randn(n))
     assert r.stats.graphs_captured == 3 and r.stats.evictions == 2
+
+
+def _count_positive(x):
+    return x + x.nonzero().shape[0]
+
+
+def _mask_then_table(x):
+    return torch.zeros(x[x > 0].shape[0]) + 1
+
+
+_IDS = torch.tensor([0, 2])
+
+
+def _gather(x):
+    return x[_IDS] * 2
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+@pytest.mark.parametrize("fn", [_count_positive, _mask_then_table])
+def test_a_shape_from_the_inputs_data_runs_uncaptured(fn, fuse):
+    """nonzero / a boolean mask: a real-mode trace fixes the data-dependent shape to the captured call's, so a graph
+    would return the first call's count for every later input (it did). The signature runs uncaptured, saying why."""
+    r = GraphRunner(fn, cfg(graph_only=not fuse))
+    with torch.no_grad():
+        r(torch.ones(4))
+        x = torch.tensor([0.0, 0.0, 1.0, 1.0])
+        out = r(x)
+    torch.testing.assert_close(out, fn(x), rtol=0, atol=0)
+    assert r.num_entries == 0
+    assert any("makes a shape or value from the input's data" in k for k in r.stats.fallbacks), r.stats.fallbacks
+
+
+def test_integer_indexing_is_still_captured():
+    r = GraphRunner(_gather)
+    with torch.no_grad():
+        r(torch.ones(4))
+        x = torch.randn(4)
+        torch.testing.assert_close(r(x), _gather(x), rtol=0, atol=0)
+    assert r.num_entries == 1 and not r.stats.fallbacks
+
+
+class _Accumulator(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("acc", torch.zeros(4))
+        self.calls = torch.zeros(())  # a tensor attribute, not a buffer
+
+    def forward(self, x):
+        self.acc.add_(x)
+        self.calls.add_(1)
+        return self.acc * 2
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_a_forward_writing_its_module_state_writes_it_once_per_call(fuse):
+    """The capture runs fn several times (trace, warm-ups, timed replays): those writes to the module's buffer and
+    tensor attribute are undone, so the state and the outputs follow eager call by call (they ran 3 ahead)."""
+    m, e = _Accumulator(), _Accumulator()
+    r = GraphRunner(m, cfg(graph_only=not fuse, graph_warmup_runs=2))
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(4)
+            torch.testing.assert_close(r(x), e(x), rtol=0, atol=0)
+            torch.testing.assert_close(m.acc, e.acc, rtol=0, atol=0)
+            assert m.calls.item() == e.calls.item()
+    assert r.num_entries == 1
+
+
+def test_train_and_eval_drop_the_captured_graphs():
+    class Branchy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = torch.nn.Identity()
+
+        def forward(self, x):
+            return x * 2 if self.inner.training else x * 3
+
+    m = Branchy().eval()
+    r = GraphRunner(m)
+    x = torch.randn(4)
+    with torch.no_grad():
+        torch.testing.assert_close(r(x), x * 3)
+        m.train()
+        torch.testing.assert_close(r(x), x * 2)
+        m.eval()
+        torch.testing.assert_close(r(x), x * 3)
+    assert r.stats.weight_invalidations == 2
