@@ -58,11 +58,23 @@ def static_buffers(tensors, lazy: bool, static=()) -> list:
     """The capture's static inputs. Lazy capture shares the caller's storage (``detach()``): calling again
     with the same tensors is zero-copy. Eager capture owns its buffers (``detach().clone()``, same strides), except
     at the ``static`` positions (a graph's parameters and buffers), which are always the caller's own tensors: the
-    cache keys them by address (``static_positions``), so they are never copied and an in-place edit is read."""
+    cache keys them by address (``static_positions``), so they are never copied and an in-place edit is read.
+    An input sharing storage with an earlier one (one tensor passed twice) gets a buffer of its own under lazy
+    capture too: later calls copy two tensors into them. Owned buffers are normal tensors even when the capture
+    runs under ``torch.inference_mode()``, so a later call outside it can copy into them."""
     static = set(static)
-    return [t.detach() if lazy or i in static else
-            torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t.detach())
-            for i, t in enumerate(tensors)]
+    seen, out = set(), []
+    with torch.inference_mode(False):
+        for i, t in enumerate(tensors):
+            key = t.untyped_storage().data_ptr() if t.device.type != "meta" else None
+            shared = key is not None and key in seen and t.untyped_storage().nbytes() > 0
+            if i in static or (lazy and not shared):
+                out.append(t.detach())
+            else:
+                out.append(torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t.detach()))
+            if key is not None and i not in static:
+                seen.add(key)
+    return out
 
 
 class HostDriver:
@@ -171,6 +183,10 @@ class _StreamGraphDriver:
     def capture(self, flat_fn, tensors, options, graph=None, static=()) -> Capture:
         mod = self._module()
         device = tensors[0].device if tensors else None
+        others = sorted({str(t.device) for t in tensors} - {str(device)})
+        if others:  # a CPU scalar tensor among CUDA inputs: its value would be read once, at capture
+            raise RuntimeError(f"inputs on {others} besides {device}: a {self.name} graph would keep the value the "
+                               "capture read from them; move them to the device (or pass a Python number)")
         # streams, pool and graph belong to the inputs' device, whatever the current device is
         on_device = mod.device(device) if device is not None and hasattr(mod, "device") else contextlib.nullcontext()
         with on_device:
@@ -178,6 +194,7 @@ class _StreamGraphDriver:
 
     def _capture_on_device(self, mod, device, flat_fn, tensors, options, held=()) -> Capture:
         static = static_buffers(tensors, options.graph_lazy_capture, held)
+        versions = [t._version for t in static]
         side = self._per_device(mod, "capture_stream", device, mod.Stream)
         compute = mod.current_stream()
         side.wait_event(compute.record_event())
@@ -190,6 +207,10 @@ class _StreamGraphDriver:
         with _quiet_memory_hooks(mod):
             with mod.graph(graph, pool=self.pool(mod, device), stream=side):
                 outputs = flat_fn(*static)
+        written = [i for i, (t, v) in enumerate(zip(static, versions)) if i not in set(held) and t._version != v]
+        if written:  # the replay writes the static buffers, never the caller's tensors
+            raise RuntimeError(f"the function writes its input(s) {written} in place: a {self.name} graph replays on "
+                               "copies of the inputs, so the caller's tensors would not change")
         pool_bytes = max(0, self._memory_allocated(mod, device) - before)
         owned = [] if options.graph_lazy_capture else [t for i, t in enumerate(static) if i not in set(held)]
         output_bytes = storage_bytes([o for o in outputs if isinstance(o, torch.Tensor)])

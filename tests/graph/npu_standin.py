@@ -52,7 +52,9 @@ class NPUGraph:
     def replay(self):
         if self._ops is None:
             raise RuntimeError("npu stand-in: replay() before a capture")
-        with torch.no_grad():
+        # a device graph's replay writes memory with no autograd checks: its outputs, made under the caller's
+        # inference_mode at capture, are written whatever mode the replay runs in
+        with torch.inference_mode():
             for func, args, kwargs, out in self._ops:
                 new = func(*args, **kwargs)
                 for dst, src in zip(pytree.tree_leaves(out), pytree.tree_leaves(new)):

@@ -262,3 +262,53 @@ def test_graph_route_holds_parameters_where_they_live(npu):
         torch.testing.assert_close(f(x), m(x), rtol=1e-5, atol=1e-5)
         assert backend.stats.graphs_captured == captured + 1
         torch.testing.assert_close(old.detach(), old_values, rtol=0, atol=0)
+
+
+def test_one_tensor_passed_twice_gets_two_buffers_under_lazy_capture(npu, unfused_runner):
+    def f(a, b):
+        return a * 10 + b
+
+    r = GraphRunner(f, cfg(graph_lazy_capture=True))
+    x = torch.randn(3)
+    torch.testing.assert_close(r(x, x), f(x, x), rtol=0, atol=0)
+    a, b = torch.full((3,), 2.0), torch.full((3,), 3.0)
+    torch.testing.assert_close(r(a, b), f(a, b), rtol=0, atol=0)  # was 33: both copies went into one storage
+
+
+def test_a_function_writing_its_input_runs_uncaptured(npu, unfused_runner):
+    def f(x):
+        x.mul_(2)
+        return x + 1
+
+    r = GraphRunner(f, cfg())
+    a = torch.ones(3)
+    torch.testing.assert_close(r(a), torch.full((3,), 3.0), rtol=0, atol=0)
+    torch.testing.assert_close(a, torch.full((3,), 2.0), rtol=0, atol=0)  # the caller's tensor, written once
+    b = torch.ones(3)
+    r(b)
+    torch.testing.assert_close(b, torch.full((3,), 2.0), rtol=0, atol=0)
+    assert r.num_entries == 0
+    assert any("writes its input(s) [0] in place" in k for k in r.stats.fallbacks), r.stats.fallbacks
+
+
+def test_captured_under_inference_mode_replays_outside_it(npu, unfused_runner):
+    r = GraphRunner(fn, cfg())
+    w = torch.randn(8, 8)
+    with torch.inference_mode():
+        x = torch.randn(4, 8)
+        torch.testing.assert_close(r(x, w), fn(x, w), rtol=0, atol=0)
+    with torch.no_grad():
+        x = torch.randn(4, 8)
+        torch.testing.assert_close(r(x, w), fn(x, w), rtol=0, atol=0)
+    assert r.stats.graphs_captured == 1 and not r.stats.fallbacks
+
+
+def test_an_input_on_another_device_is_refused_at_capture(npu):
+    """A CPU scalar tensor among device inputs: the graph would keep the value read at capture (cudagraph trees
+    skip such graphs too). The driver refuses; the runner then runs that signature uncaptured."""
+    from fusegraph.graph.drivers import NpuDriver
+    from fusegraph.graph.options import GraphOptions
+
+    with pytest.raises(RuntimeError, match=r"inputs on \['meta'\] besides cpu"):
+        NpuDriver().capture(lambda a, b: [a], [torch.randn(4), torch.empty((), device="meta")],
+                            GraphOptions.from_config(None))
