@@ -127,22 +127,42 @@ class _Block(nn.Module):
 
 
 @pytest.mark.parametrize("bad", ["deeply_nested", "wrong_types"])
-def test_compiles_run_with_every_cache_file_bad(bad, cache_files):
+def test_compiles_run_with_every_cache_file_bad(bad, cache_files, caplog):
     """Every cache file bad at once: the default route compiles, chooses per site, packs (pack_weights) and matches
-    eager; the packing file is rewritten with the verdict."""
+    eager; the packing file is rewritten with the verdict. A counts record is read only when Inductor's FX graph
+    cache serves a compile: a second compile of the default route, served from that cache, meets every record the
+    first wrote made bad."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.utils import fresh_inductor_cache
+
     cache_files["counts"].mkdir()
     for key in ("cost", "packing"):
         cache_files[key].write_bytes(BAD[bad])
     torch._dynamo.reset()
     choice.cost_model(reload=True)
     m = _Block().eval()
-    with torch.no_grad():
+
+    def compile_and_check(config):
+        torch._dynamo.reset()
+        fn = torch.compile(m, backend=Backend(config))
+        for _ in range(3):
+            img, x = torch.randn(1, 4, 8, 8), torch.randn(3, 32)
+            out, ref = fn(img, x), m(img, x)
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+    with torch.no_grad(), fresh_inductor_cache():
         for config in (CompilationConfig(), CompilationConfig(pack_weights=True, enable_freezing=True)):
-            torch._dynamo.reset()
-            fn = torch.compile(m, backend=Backend(config))
-            for _ in range(3):
-                img, x = torch.randn(1, 4, 8, 8), torch.randn(3, 32)
-                out, ref = fn(img, x), m(img, x)
-                torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+            compile_and_check(config)
+        records = list(cache_files["counts"].glob("*.json"))
+        assert records, "the first compiles wrote no counts record"
+        for record in records:
+            record.write_bytes(BAD[bad])
+        inductor_pass._records.clear()
+        counters.clear()
+        with caplog.at_level(logging.WARNING, logger="fusegraph"):
+            compile_and_check(CompilationConfig())
+        assert counters["inductor"]["fxgraph_cache_hit"] >= 1
+    # the served compile read a bad record (one warning) and compiled on
+    assert any(str(cache_files["counts"]) in r.getMessage() for r in caplog.records), caplog.text[-2000:]
     stored = json.loads(cache_files["packing"].read_text())
     assert stored and all(isinstance(v[0], bool) for v in stored.values())

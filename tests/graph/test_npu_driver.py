@@ -79,7 +79,11 @@ def test_safe_output_mode_clones_and_off_returns_the_graph_buffer(npu):
     w = torch.randn(8, 8)
     safe = GraphRunner(fn, cfg())
     out = safe(x, w)
-    out.add_(100)
+    kept = out.clone()
+    later = safe(x * 2, w)  # a later replay does not overwrite an output handed out before
+    assert later.data_ptr() != out.data_ptr()
+    torch.testing.assert_close(out, kept, rtol=0, atol=0)
+    out.add_(100)  # nor does the caller writing it change the next replay
     torch.testing.assert_close(safe(x, w), fn(x, w), rtol=0, atol=0)
     raw = GraphRunner(fn, cfg(safe_output_mode=False))
     a = raw(x, w)

@@ -110,13 +110,16 @@ def test_memory_budget_evicts_by_measured_memory():
 
 def test_caller_mutating_an_output_does_not_change_the_next_replay():
     const = torch.randn(4)
+    kept = const.clone()
     r = GraphRunner(lambda x: (x * 2, const))  # the second output is the graph's own constant
     x = torch.randn(4)
     out, c = r(x)
+    assert c is not const and c.data_ptr() != const.data_ptr()  # the caller gets a clone (safe_output_mode)
     out.add_(100), c.add_(100)
     out2, c2 = r(x)
     torch.testing.assert_close(out2, x * 2, rtol=0, atol=0)
-    torch.testing.assert_close(c2, const, rtol=0, atol=0)
+    torch.testing.assert_close(c2, kept, rtol=0, atol=0)
+    torch.testing.assert_close(const, kept, rtol=0, atol=0)
 
 
 def test_host_graph_binds_inputs_and_copies_only_other_layouts():
