@@ -352,7 +352,7 @@ class CompilationConfig(_ConfigBase):
             new = _fusion_patterns(name, value)
             for k, v in new._values.items():
                 setattr(FusionPatterns, k, v)
-            return None
+            return FusionPatterns  # what the class-level field stays (CompilationConfig.fusion_patterns.enable_x = ...)
         return super()._convert(name, value, defaults)
 
 

@@ -44,16 +44,19 @@ log = logging.getLogger("fusegraph")
 
 
 def wanted(config) -> bool:
-    """Whether ``config`` asks for freezing: ``enable_freezing=True``, or a weight copy only freezing makes."""
-    return bool(config.enable_freezing or config.pack_weights or config.concat_linear)
+    """Whether ``config`` asks for freezing: ``enable_freezing=True`` (``'auto'`` reads as False), or a weight copy
+    only freezing makes."""
+    return config.enable_freezing is True or bool(config.pack_weights or config.concat_linear)
 
 
 def plan(config, route: str, gm: torch.fx.GraphModule, example_inputs, *, symbolic: bool,
          opaque: bool) -> tuple[dict, Optional[str]]:
-    """({input position: parameter} to fold, None) or ({}, why not — None when freezing was not asked for or does not
-    apply to an autograd graph)."""
-    if not wanted(config) or torch.is_grad_enabled():
+    """({input position: parameter} to fold, None) or ({}, why not — None when freezing was not asked for)."""
+    if not wanted(config):
         return {}, None
+    if torch.is_grad_enabled():  # an autograd graph, or one compiled with grad mode on: freezing is for inference
+        return {}, ("freezing applies to graphs compiled under torch.no_grad() or torch.inference_mode(); this one "
+                    "was compiled with grad mode on: the parameters are read where they live")
     if route != "default" or not config.inductor:
         return {}, (f"freezing applies on the Inductor route only; the {route if route != 'default' else 'aten'} "
                     "route reads the parameters where they live")

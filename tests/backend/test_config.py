@@ -80,6 +80,10 @@ def test_fusion_patterns_class_default_and_overrides():
     assert cfg2.fusion_patterns.enable_mul_add is False
     CompilationConfig.fusion_patterns = {"enable_rms_norm": False}
     assert CompilationConfig().fusion_patterns.enable_rms_norm is False
+    # the class-level field is still FusionPatterns after a whole assignment: the attribute form keeps working
+    assert CompilationConfig.fusion_patterns is FusionPatterns
+    CompilationConfig.fusion_patterns.enable_rms_norm = True
+    assert CompilationConfig().fusion_patterns.enable_rms_norm is True
 
 
 def test_enabled_families_in_pass_order():

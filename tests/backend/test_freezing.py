@@ -82,6 +82,27 @@ def test_no_default_route_folds_parameters(route, monkeypatch):
     assert entered == [] and backend.stats.frozen_recompiles == 0 and backend.stats.fallbacks == {}
 
 
+@pytest.mark.parametrize("how", ["config", "options"])
+def test_auto_freezing_reads_as_off(how, monkeypatch):
+    """enable_freezing='auto' is documented as False: nothing folds, and an edit through .data is read (it froze, and
+    the edit was lost)."""
+    entered = []
+    monkeypatch.setattr(freezing, "compile_frozen", lambda *a, **k: entered.append(1))
+    assert not freezing.wanted(CompilationConfig(enable_freezing="auto"))
+    torch.manual_seed(11)
+    net, x = Block().eval(), torch.randn(3, 8)
+    torch._dynamo.reset()
+    if how == "config":
+        fn = torch.compile(net, backend=Backend(CompilationConfig(enable_freezing="auto")))
+    else:
+        fn = torch.compile(net, backend="fusegraph", options={"freezing": "auto"})
+    with torch.no_grad():
+        torch.testing.assert_close(fn(x), net(x))
+        net.norm.weight.data += 1
+        torch.testing.assert_close(fn(x), net(x))
+    assert entered == []
+
+
 @pytest.mark.parametrize("route", ROUTES)
 def test_graph_reused_across_instances_uses_each_instance_weights(route):
     torch.manual_seed(0)
