@@ -30,7 +30,8 @@ std::string get(const Metadata& m, const char* key) {
 // One dim of an exported input: a size, or a range; a dynamic dim also names its symbol and the linear form the dim
 // is of it (torch.export's Dim and derived Dims: `2*B`, `B+1`), so inputs sharing a symbol are checked together.
 struct DimSpec {
-  std::string text;             // as written: "7", "lo:hi", "s0*2+1=lo:hi"
+  std::string text;             // as shown in errors: "7" or "lo:hi"
+  std::string form;             // the linear form, "s0*2+1"; "" for a static dim or a legacy range
   std::string symbol;           // "" for a static dim or a legacy range without one
   int64_t coef = 1, offset = 0;
   int64_t lo = 0, hi = -1;      // hi -1: unbounded; lo == hi for a static dim
@@ -46,10 +47,12 @@ DimSpec parse_dim(const std::string& text) {
     const auto star = form.find('*'), plus = form.find('+', star == std::string::npos ? 0 : star);
     TORCH_CHECK(star != std::string::npos && plus != std::string::npos,
                 "fusegraph.aot: malformed dim '", text, "' in the package's metadata; expected symbol*coef+offset=lo:hi");
+    d.form = form;
     d.symbol = form.substr(0, star);
     d.coef = std::stoll(form.substr(star + 1, plus - star - 1));
     d.offset = std::stoll(form.substr(plus + 1));
     range = text.substr(eq + 1);
+    d.text = range;
   }
   const auto colon = range.find(':');
   if (colon == std::string::npos) {
@@ -218,7 +221,7 @@ std::vector<at::Tensor> prepare_inputs(const Metadata& m, const std::vector<at::
         TORCH_CHECK(seen == value, "fusegraph.aot: input ", i, " '", s.name, "' dim ", d, " (", size,
                     ") gives the exported symbol ", dim.symbol, " = ", value, ", but input ", j, " '", specs[j].name,
                     "' dim ", dj, " (", inputs[j].size(dj), ") gave ", dim.symbol, " = ", seen,
-                    ": the package was exported with these dims tied (", specs[j].dims[dj].text, " and ", dim.text,
+                    ": the package was exported with these dims tied (", specs[j].dims[dj].form, " and ", dim.form,
                     ")");
       }
     }
