@@ -21,20 +21,20 @@ void check_gemv_args(const at::Tensor& x, const at::Tensor& weight, const std::o
                      const char* kOp) {
   check_float_tensor(x, kOp, "x");
   check_float_tensor(weight, kOp, "weight");
-  TORCH_CHECK_VALUE(x.dim() >= 1, "fusegraph.", kOp,
+  TORCH_CHECK(x.dim() >= 1, "fusegraph.", kOp,
                     ": argument 'x' is a 0-dim tensor; expected [..., in_features]");
-  TORCH_CHECK_VALUE(weight.dim() == 2 && weight.size(1) == x.size(-1), "fusegraph.", kOp,
+  TORCH_CHECK(weight.dim() == 2 && weight.size(1) == x.size(-1), "fusegraph.", kOp,
                     ": argument 'weight' has shape ", weight.sizes(), "; expected [out_features, ", x.size(-1),
                     "] (x's in_features)");
   check_same_device(x, "x", weight, kOp, "weight");
-  TORCH_CHECK_VALUE(weight.scalar_type() == x.scalar_type(), "fusegraph.", kOp, ": argument 'weight' has dtype ",
+  TORCH_CHECK(weight.scalar_type() == x.scalar_type(), "fusegraph.", kOp, ": argument 'weight' has dtype ",
                     weight.scalar_type(), "; expected x's dtype ", x.scalar_type());
   if (bias.has_value() && bias->defined()) {
     check_float_tensor(*bias, kOp, "bias");
     check_same_device(x, "x", *bias, kOp, "bias");
-    TORCH_CHECK_VALUE(bias->scalar_type() == x.scalar_type(), "fusegraph.", kOp, ": argument 'bias' has dtype ",
+    TORCH_CHECK(bias->scalar_type() == x.scalar_type(), "fusegraph.", kOp, ": argument 'bias' has dtype ",
                       bias->scalar_type(), "; expected x's dtype ", x.scalar_type());
-    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == weight.size(0), "fusegraph.", kOp,
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0), "fusegraph.", kOp,
                       ": argument 'bias' has shape ", bias->sizes(), "; expected [", weight.size(0),
                       "] (weight's out_features)");
   }

@@ -17,12 +17,12 @@ namespace {
 constexpr const char* kOp = "kv_attention";
 
 void check_4d(const at::Tensor& t, const char* arg) {
-  TORCH_CHECK_VALUE(t.dim() == 4, "fusegraph.", kOp, ": argument '", arg, "' has shape ", t.sizes(),
+  TORCH_CHECK(t.dim() == 4, "fusegraph.", kOp, ": argument '", arg, "' has shape ", t.sizes(),
                     "; expected 4 dims [batch, heads, length, head_dim]");
 }
 
 void check_dim(const at::Tensor& t, const char* arg, int64_t d, int64_t expected, const char* what) {
-  TORCH_CHECK_VALUE(t.size(d) == expected, "fusegraph.", kOp, ": argument '", arg, "' has shape ", t.sizes(),
+  TORCH_CHECK(t.size(d) == expected, "fusegraph.", kOp, ": argument '", arg, "' has shape ", t.sizes(),
                     "; expected ", what, " ", expected, " at dim ", d);
 }
 
@@ -39,7 +39,7 @@ KvAttentionShape check_kv_attention_args(const at::Tensor& q, const at::Tensor& 
   }
   for (const auto& [t, name] : args) {
     check_same_device(q, "q", *t, kOp, name);
-    TORCH_CHECK_VALUE(t->scalar_type() == q.scalar_type(), "fusegraph.", kOp, ": argument '", name, "' has dtype ",
+    TORCH_CHECK(t->scalar_type() == q.scalar_type(), "fusegraph.", kOp, ": argument '", name, "' has dtype ",
                       t->scalar_type(), "; expected q's dtype ", q.scalar_type());
     check_dim(*t, name, 0, q.size(0), "q's batch size");
     check_dim(*t, name, 1, q.size(1), "q's number of heads");
@@ -49,7 +49,7 @@ KvAttentionShape check_kv_attention_args(const at::Tensor& q, const at::Tensor& 
   check_dim(v_cache, "v_cache", 2, k_cache.size(2), "k_cache's length");
   check_dim(v_new, "v_new", 2, k_new.size(2), "k_new's length");
   check_dim(v_new, "v_new", 3, v_cache.size(3), "v_cache's head_dim");
-  TORCH_CHECK_VALUE(k_cache.size(2) + k_new.size(2) > 0, "fusegraph.", kOp,
+  TORCH_CHECK(k_cache.size(2) + k_new.size(2) > 0, "fusegraph.", kOp,
                     ": k_cache and k_new are both empty (length 0); expected at least one key");
   if (scale.has_value()) {
     TORCH_CHECK_VALUE(std::isfinite(*scale), "fusegraph.", kOp, ": argument 'scale' is ", *scale,

@@ -25,20 +25,20 @@ def check_args(x, weight, bias, op: str = "gemv") -> None:
     check_float_tensor(x, op, "x")
     check_float_tensor(weight, op, "weight")
     if x.dim() < 1:
-        raise ValueError(f"fusegraph.{op}: argument 'x' is a 0-dim tensor; expected [..., in_features]")
+        raise RuntimeError(f"fusegraph.{op}: argument 'x' is a 0-dim tensor; expected [..., in_features]")
     if weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
-        raise ValueError(f"fusegraph.{op}: argument 'weight' has shape {list(weight.shape)}; expected "
+        raise RuntimeError(f"fusegraph.{op}: argument 'weight' has shape {list(weight.shape)}; expected "
                          f"[out_features, {x.shape[-1]}] (x's in_features)")
     check_same_device(x, "x", weight, op, "weight")
     if weight.dtype != x.dtype:
-        raise ValueError(f"fusegraph.{op}: argument 'weight' has dtype {weight.dtype}; expected x's dtype {x.dtype}")
+        raise RuntimeError(f"fusegraph.{op}: argument 'weight' has dtype {weight.dtype}; expected x's dtype {x.dtype}")
     if bias is not None:
         check_float_tensor(bias, op, "bias")
         check_same_device(x, "x", bias, op, "bias")
         if bias.dtype != x.dtype:
-            raise ValueError(f"fusegraph.{op}: argument 'bias' has dtype {bias.dtype}; expected x's dtype {x.dtype}")
+            raise RuntimeError(f"fusegraph.{op}: argument 'bias' has dtype {bias.dtype}; expected x's dtype {x.dtype}")
         if bias.dim() != 1 or bias.shape[0] != weight.shape[0]:
-            raise ValueError(f"fusegraph.{op}: argument 'bias' has shape {list(bias.shape)}; expected "
+            raise RuntimeError(f"fusegraph.{op}: argument 'bias' has shape {list(bias.shape)}; expected "
                              f"[{weight.shape[0]}] (weight's out_features)")
 
 

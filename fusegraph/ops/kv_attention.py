@@ -34,26 +34,26 @@ def check_args(q, k_cache, k_new, v_cache, v_new, scale) -> None:
     for name, t in tensors.items():
         check_float_tensor(t, "kv_attention", name)
         if t.dim() != 4:
-            raise ValueError(f"fusegraph.kv_attention: argument '{name}' has shape {list(t.shape)}; expected 4 dims "
+            raise RuntimeError(f"fusegraph.kv_attention: argument '{name}' has shape {list(t.shape)}; expected 4 dims "
                              "[batch, heads, length, head_dim]")
     for name, t in tensors.items():
         check_same_device(q, "q", t, "kv_attention", name)
         if t.dtype != q.dtype:
-            raise ValueError(f"fusegraph.kv_attention: argument '{name}' has dtype {t.dtype}; expected q's dtype "
+            raise RuntimeError(f"fusegraph.kv_attention: argument '{name}' has dtype {t.dtype}; expected q's dtype "
                              f"{q.dtype}")
         for d, what in ((0, "q's batch size"), (1, "q's number of heads")):
             if t.shape[d] != q.shape[d]:
-                raise ValueError(f"fusegraph.kv_attention: argument '{name}' has shape {list(t.shape)}; expected "
+                raise RuntimeError(f"fusegraph.kv_attention: argument '{name}' has shape {list(t.shape)}; expected "
                                  f"{what} {q.shape[d]} at dim {d}")
     expect = (("k_cache", 3, q.shape[3], "q's head_dim"), ("k_new", 3, q.shape[3], "q's head_dim"),
               ("v_cache", 2, k_cache.shape[2], "k_cache's length"), ("v_new", 2, k_new.shape[2], "k_new's length"),
               ("v_new", 3, v_cache.shape[3], "v_cache's head_dim"))
     for name, d, size, what in expect:
         if tensors[name].shape[d] != size:
-            raise ValueError(f"fusegraph.kv_attention: argument '{name}' has shape {list(tensors[name].shape)}; "
+            raise RuntimeError(f"fusegraph.kv_attention: argument '{name}' has shape {list(tensors[name].shape)}; "
                              f"expected {what} {size} at dim {d}")
     if k_cache.shape[2] + k_new.shape[2] == 0:
-        raise ValueError("fusegraph.kv_attention: k_cache and k_new are both empty (length 0); expected at least "
+        raise RuntimeError("fusegraph.kv_attention: k_cache and k_new are both empty (length 0); expected at least "
                          "one key")
     if scale is not None and not math.isfinite(scale):
         raise ValueError(f"fusegraph.kv_attention: argument 'scale' is {scale}; expected a finite number or None")
