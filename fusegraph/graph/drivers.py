@@ -27,6 +27,7 @@ from .. import _C
 from .._core.measure import decide
 from .._core.ranks import COLLECTIVE_NAMESPACES
 from .._core.torch_dispatcher import foreach_copy_
+from .._core.torch_fake import TorchDispatchMode
 
 from .host import Unsupported, build_host_graph, trace_aten
 
@@ -75,6 +76,59 @@ def static_buffers(tensors, lazy: bool, static=()) -> list:
             if key is not None and i not in static:
                 seen.add(key)
     return out
+
+
+class StateWrites(TorchDispatchMode):
+    """Active over a capture: the first in-place write to one of ``tensors`` (a module's state) saves a copy of the
+    tensor; leaving restores every saved one. A capture runs fn several times (the fusion trace, warm-up runs, the
+    host graph's timed replays); fn's own writes to the state it holds then happen once per call, in the replay,
+    as eagerly. Only what is written is copied. A write made while a CUDA/NPU graph captures is not saved: the
+    capture records it without running it (and a copy made then would be recorded too, never filled)."""
+
+    def __init__(self, tensors):
+        super().__init__()
+        self._by_storage: dict = {}
+        for t in tensors:
+            if type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type != "meta":
+                self._by_storage.setdefault(t.untyped_storage().data_ptr(), []).append(t)
+        self._saved: dict = {}  # storage address -> [(tensor, copy)]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self._by_storage and func._schema.is_mutable and not _device_capturing():
+            for i, arg in enumerate(func._schema.arguments):
+                if arg.alias_info is None or not arg.alias_info.is_write:
+                    continue
+                value = args[i] if i < len(args) and not arg.kwarg_only else kwargs.get(arg.name)
+                if type(value) in (torch.Tensor, torch.nn.Parameter) and value.device.type != "meta":
+                    key = value.untyped_storage().data_ptr()
+                    if key in self._by_storage and key not in self._saved:
+                        with torch.no_grad():
+                            self._saved[key] = [(t, t.detach().clone()) for t in self._by_storage[key]]
+        return func(*args, **kwargs)
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            with torch.no_grad():
+                for pairs in self._saved.values():
+                    for t, copy in pairs:
+                        t.detach().copy_(copy)
+            self._saved.clear()
+
+
+def _device_capturing() -> bool:
+    """A CUDA or NPU graph is being captured on this thread's current stream."""
+    for name in ("cuda", "npu"):
+        mod = getattr(torch, name, None)
+        check = getattr(mod, "is_current_stream_capturing", None)
+        try:
+            if check is not None and (name != "cuda" or torch.cuda.is_available()) and check():
+                return True
+        except Exception:  # a device module that cannot answer here
+            continue
+    return False
 
 
 class HostDriver:
@@ -215,7 +269,7 @@ class _StreamGraphDriver:
         owned = [] if options.graph_lazy_capture else [t for i, t in enumerate(static) if i not in set(held)]
         output_bytes = storage_bytes([o for o in outputs if isinstance(o, torch.Tensor)])
         memory = storage_bytes(owned) + max(pool_bytes, output_bytes)
-        copier = self._per_device(mod, "copy_stream", device, lambda: _CopyStream(mod))
+        copier = self._per_device(mod, "copy_stream", device, lambda: _CopyStream(mod, device))
         exe = _C.graph.PyExecutable(graph.replay, list(outputs), binds_inputs=False, outputs_are_fresh=False,
                                     copy_fn=copier)
         # the captured function stays alive with its graph: constants only it owns (a fused GraphModule's tensor
@@ -228,12 +282,14 @@ class _CopyStream:
     The C++ copy plan hands over groups of one dtype/shape/stride each: one ``_foreach_copy_`` per group.
     The sources stay safe for the allocator: the compute stream waits for the copies before any later work."""
 
-    def __init__(self, mod):
-        self.mod = mod
-        self.stream = mod.Stream()
+    def __init__(self, mod, device=None):
+        self.mod, self.device = mod, device
+        self.stream = mod.Stream(device=device) if device is not None else mod.Stream()
 
     def __call__(self, dst_groups, src_groups):
-        compute = self.mod.current_stream()
+        # the graph's device's current stream, whatever device is current: the replay launches there (CUDAGraph
+        # replays on its capture device's current stream), so the copies are ordered against that stream
+        compute = self.mod.current_stream(self.device) if self.device is not None else self.mod.current_stream()
         self.stream.wait_event(compute.record_event())  # the sources were produced on the compute stream
         with self.mod.stream(self.stream):
             for dsts, srcs in zip(dst_groups, src_groups):

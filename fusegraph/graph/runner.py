@@ -48,11 +48,11 @@ from .. import _C
 from .._core import ranks
 from .._core.torch_dispatcher import disabled_torch_function_impl, internal_overlap, pytree, single_overload
 from .._core.torch_dynamo import capture_lock, fx_tracing_window
-from .._core.torch_fake import FakeTensor, TorchDispatchMode, unset_fake_temporarily
+from .._core.torch_fake import FakeTensor, unset_fake_temporarily
 from ..stats import Stats
 
 from .buckets import _BucketsOff, graph_route_batch, make_buckets
-from .drivers import select_driver, static_buffers
+from .drivers import StateWrites, select_driver, static_buffers
 from .host import DataDependent, specialize
 from .options import GraphOptions
 
@@ -319,8 +319,10 @@ class GraphRunner:
         failure = None
         # fn's module state (a counter, running statistics, a cache written in place): the capture's trace, warm-up
         # and timing runs would each write it; their writes are undone, so the call's write is the replay's alone
-        held = self._state_tensors(leaves) if driver.name == "host" else []
-        state = _StateWrites(held) if held else contextlib.nullcontext()
+        held = self._state_tensors(leaves)
+        if driver.name != "host" and lazy:  # the static inputs are the caller's tensors: a warm-up's write undone too
+            held += tensors
+        state = StateWrites(held) if held else contextlib.nullcontext()
         try:
             # real tensors only: a compile-time capture runs inside aot_autograd, whose FakeTensorMode would
             # turn the graph's own factory ops (a graph of constants, like Mochi's position tables) into fakes
@@ -576,45 +578,6 @@ def _module_guard(modules):
                 if isinstance(v, torch.Tensor) or k == "training":
                     guard.add(attrs, k, v)
     return guard
-
-
-class _StateWrites(TorchDispatchMode):
-    """Active over a capture: the first in-place write to one of ``tensors`` (a module's state) saves a copy of the
-    tensor; leaving restores every saved one. A capture runs fn several times (the fusion trace, warm-up runs, the
-    host graph's timed replays); fn's own writes to the state it holds then happen once per call, in the replay,
-    as eagerly. Only what is written is copied."""
-
-    def __init__(self, tensors):
-        super().__init__()
-        self._by_storage: dict = {}
-        for t in tensors:
-            if type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type != "meta":
-                self._by_storage.setdefault(t.untyped_storage().data_ptr(), []).append(t)
-        self._saved: dict = {}  # storage address -> [(tensor, copy)]
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if self._by_storage and func._schema.is_mutable:
-            for i, arg in enumerate(func._schema.arguments):
-                if arg.alias_info is None or not arg.alias_info.is_write:
-                    continue
-                value = args[i] if i < len(args) and not arg.kwarg_only else kwargs.get(arg.name)
-                if type(value) in (torch.Tensor, torch.nn.Parameter) and value.device.type != "meta":
-                    key = value.untyped_storage().data_ptr()
-                    if key in self._by_storage and key not in self._saved:
-                        with torch.no_grad():
-                            self._saved[key] = [(t, t.detach().clone()) for t in self._by_storage[key]]
-        return func(*args, **kwargs)
-
-    def __exit__(self, *exc):
-        try:
-            return super().__exit__(*exc)
-        finally:
-            with torch.no_grad():
-                for pairs in self._saved.values():
-                    for t, copy in pairs:
-                        t.detach().copy_(copy)
-            self._saved.clear()
 
 
 def compile_graph_route(gm, example_inputs, config=None, stats: Stats | None = None, static_inputs=()):

@@ -316,3 +316,52 @@ def test_an_input_on_another_device_is_refused_at_capture(npu):
     with pytest.raises(RuntimeError, match=r"inputs on \['meta'\] besides cpu"):
         NpuDriver().capture(lambda a, b: [a], [torch.randn(4), torch.empty((), device="meta")],
                             GraphOptions.from_config(None))
+
+
+class _Counter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("acc", torch.zeros(3))
+
+    def forward(self, x):
+        self.acc.add_(x)
+        return self.acc * 2
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_module_state_written_once_per_call_on_a_stream_driver(npu, unfused_runner, lazy):
+    """The fusion trace and the warm-up runs write the module's buffer for real: those writes are undone, so the
+    state follows eager call by call (the capture itself records without running on a real device)."""
+    m, e = _Counter(), _Counter()
+    r = GraphRunner(m, cfg(graph_lazy_capture=lazy, graph_warmup_runs=2))
+    for _ in range(3):
+        x = torch.randn(3)
+        torch.testing.assert_close(r(x), e(x), rtol=0, atol=0)
+        torch.testing.assert_close(m.acc, e.acc, rtol=0, atol=0)
+    assert r.stats.graphs_captured == 1
+
+
+def test_lazy_capture_of_a_function_writing_its_input_writes_it_once(npu, unfused_runner):
+    def f(x):
+        x.mul_(2)
+        return x + 1
+
+    r = GraphRunner(f, cfg(graph_lazy_capture=True, graph_warmup_runs=2))
+    a = torch.ones(3)
+    torch.testing.assert_close(r(a), torch.full((3,), 3.0), rtol=0, atol=0)
+    torch.testing.assert_close(a, torch.full((3,), 2.0), rtol=0, atol=0)  # once (the warm-ups' writes undone)
+    assert r.num_entries == 0
+
+
+def test_input_copies_wait_on_the_graphs_device_stream(npu):
+    from fusegraph.graph.drivers import _CopyStream
+
+    asked = []
+    real = npu.current_stream
+    npu_current = lambda device=None: (asked.append(device), real(device))[1]  # noqa: E731
+    try:
+        npu.current_stream = npu_current
+        _CopyStream(npu, "npu:1")([[torch.zeros(2)]], [[torch.ones(2)]])
+    finally:
+        npu.current_stream = real
+    assert asked == ["npu:1"]
