@@ -41,13 +41,26 @@ def main(argv=None) -> int:
         sys.stdout.flush()
         os.execve(sys.executable, [sys.executable, "-m", "fusegraph", *argv[2:]], env)
     if argv[0] == "demo":
-        return importlib.import_module("fusegraph.bench.demo").main(argv[1:])
+        return _run("demo", "fusegraph.bench.demo", argv[1:])
     if argv[0] == "explain":
-        return importlib.import_module("fusegraph.explain").main(argv[1:])
+        return _run("explain", "fusegraph.explain", argv[1:])
     if argv[0] == "bench" and len(argv) >= 2 and argv[1] in _subjects():
-        return importlib.import_module(f"fusegraph.bench.{argv[1]}").main(argv[2:])
+        return _run(f"bench {argv[1]}", f"fusegraph.bench.{argv[1]}", argv[2:])
+    if argv[0] == "bench" and len(argv) >= 2:
+        print(f"python -m fusegraph bench: unknown subject {argv[1]!r}; expected one of {', '.join(_subjects())}",
+              file=sys.stderr)
     print(usage, file=sys.stderr)
     return 2
+
+
+def _run(name: str, module: str, argv: list) -> int:
+    """A command's main; a ValueError it raises (an argument found bad past argparse: a device, a size that does not
+    divide, a dtype) is one line naming the command, exit status 2, not a traceback."""
+    try:
+        return importlib.import_module(module).main(argv)
+    except ValueError as e:
+        print(f"python -m fusegraph {name}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

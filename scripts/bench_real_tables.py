@@ -20,7 +20,8 @@ import re
 import statistics
 import sys
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "results")
+# RESULTS=folder: another sweep's files (scripts/class_sweep.sh's RESULTS), e.g. a user's own machine's
+RESULTS = os.environ.get("RESULTS") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "results")
 NAMES = {"flux": "FLUX.1-dev", "sd35": "SD3.5 Large", "wan": "Wan 2.1 1.3B", "hunyuan_video": "HunyuanVideo",
          "ltx": "LTX-Video", "qwenimage": "Qwen-Image"}
 MODELS = ("flux", "wan", "sd35", "qwenimage", "hunyuan_video", "ltx")
@@ -293,6 +294,9 @@ def classes() -> int:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if not os.path.isdir(RESULTS):
+        print(f"bench_real_tables.py: no results folder {RESULTS} (RESULTS=)", file=sys.stderr)
+        return 2
     if argv == ["--classes"]:
         return classes()
     if argv:

@@ -6,6 +6,8 @@
 #   THREADS=2 CLASSES=native scripts/class_sweep.sh        # the OpenMP team of 2 (files ..._t2_...)
 #   MODE=memory CLASSES=... scripts/class_sweep.sh
 #   MODE=memory LAYERS=15 MODELS=wan scripts/class_sweep.sh   # at Wan 2.1 1.3B's published depth, 30 blocks (..._mem_x15)
+#   RESULTS=/tmp/mine CLASSES=native scripts/class_sweep.sh   # your machine, into a folder of your own; then
+#   RESULTS=/tmp/mine .venv/bin/python scripts/bench_real_tables.py --classes
 #
 # MODE=speed (default): every variant in one process, ROUNDS interleaved rounds (order rotated each round), into
 # docs/results/bench_real_MODEL_DTYPE_tTHREADS_class_KEY.{json,txt}. MODE=memory: Inductor and fusegraph each in a process
@@ -28,6 +30,10 @@ MODE=${MODE:-speed}
 RUN=${RUN:-}
 THREADS=${THREADS:-1}
 LAYERS=${LAYERS:-1}
+# where the files go (and where a run's existing file is skipped); a user measuring the shipped defaults on their
+# own machine names a folder of their own, since docs/results already holds the classes the developers measured
+RESULTS=${RESULTS:-docs/results}
+mkdir -p "$RESULTS"
 case "$LAYERS" in [1-9]|[1-9][0-9]) ;; *) echo "LAYERS: expected a block count, got '$LAYERS'" >&2; exit 2 ;; esac
 depth=$([ "$LAYERS" = 1 ] || echo "_x$LAYERS")
 case "$THREADS" in [1-9]|[1-9][0-9]) ;; *) echo "THREADS: expected a thread count, got '$THREADS'" >&2; exit 2 ;; esac
@@ -54,7 +60,7 @@ print(key, " ".join(f"{k}={v}" for k, v in sorted(caps.items())) or "(none: the 
 ' "$cls")
     full=${info%% *}; caps=${info#* }
     key=$(echo "$full" | sed -e 's#GenuineIntel/#intel_#' -e 's#AuthenticAMD/#amd_#' -e 's#/#_#g')
-    manifest=docs/results/class_sweep_${key}.txt
+    manifest=$RESULTS/class_sweep_${key}.txt
     {
         echo "class $full; caps: $caps"
         echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores" \
@@ -63,7 +69,7 @@ print(key, " ".join(f"{k}={v}" for k, v in sorted(caps.items())) or "(none: the 
     } > "/tmp/class_sweep_$key.head"
     for model in $MODELS; do
         for dtype in $DTYPES; do
-            out=docs/results/bench_real_${model}_${dtype}_t${THREADS}_class_${key}${suffix}${depth}${RUN:+_$RUN}
+            out=$RESULTS/bench_real_${model}_${dtype}_t${THREADS}_class_${key}${suffix}${depth}${RUN:+_$RUN}
             if [ -s "$out.json" ]; then echo "skip $out (exists)"; continue; fi
             [ -s "$manifest" ] || cp "/tmp/class_sweep_$key.head" "$manifest"
             echo "== $(date -u +%H:%M:%S) $key $model $dtype $MODE -> $out"

@@ -81,7 +81,7 @@ def main(argv=None) -> int:
     p.add_argument("--width", choices=("tiny", "flux1"), default="tiny")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--tokens", default="256,64", help="flux1: image and text tokens (default 256,64)")
-    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--reps", type=timing.positive_int, default=10)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default=None, help="folder for the packages (default: a temporary one)")
     p.add_argument("--json", default=None)

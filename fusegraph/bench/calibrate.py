@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from .timing import machine_summary
+from .timing import machine_summary, setup_device
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -54,7 +54,10 @@ def main(argv=None) -> int:
         p.error(f"--rows: expected comma-separated integers (row widths), got {args.rows!r}")
     if min(rows) < 1 or max(rows) > max(sizes):
         p.error(f"--rows: each between 1 and the largest size ({max(sizes)} elements), got {args.rows!r}")
-    torch.set_num_threads(args.threads)
+    try:
+        setup_device(args.device, args.threads)
+    except ValueError as e:
+        p.error(str(e))
     print(f"fusegraph bench calibrate: {machine_summary(args.device)}")
     result = choice.calibrate(args.device, dtypes, args.threads, sizes=sizes, families=families,
                               progress=lambda line: print(" ", line, flush=True), rows=rows)

@@ -42,7 +42,7 @@ def first_call(model: str, mode: str, variant: str, dtype_name: str) -> float:
     """Seconds of the first call of ``model`` compiled as ``variant`` in ``mode``, in this process."""
     import torch
 
-    from .real import _overrides
+    from .real import fusegraph_compile_args
 
     m, kw = _build(model, dtype_name)
     name, _, overrides = variant.partition(":")
@@ -51,9 +51,7 @@ def first_call(model: str, mode: str, variant: str, dtype_name: str) -> float:
     elif name == "inductor_tuned":
         args = {"options": {"freezing": True, "cpp_wrapper": True}}
     elif name == "fusegraph":
-        from fusegraph import Backend, CompilationConfig
-
-        args = {"backend": Backend(CompilationConfig(**_overrides(overrides)))}
+        args = fusegraph_compile_args(overrides)
     else:
         raise SystemExit(f"bench compile: argument --variants: unknown variant {variant!r}")
     fn = m

@@ -24,7 +24,7 @@ import time as _time
 import torch
 import torch.nn.functional as F
 
-from fusegraph.bench.timing import fmt_time, machine_summary, synchronize
+from fusegraph.bench.timing import fmt_time, machine_summary, positive_int, synchronize
 from fusegraph.config import CompilationConfig
 from fusegraph.graph.host import trace_fused
 
@@ -128,7 +128,7 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32", "bfloat16", "float16", "float32"],
                    help="bf16 (default), fp16 or fp32 (the long names work too)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--reps", type=int, default=200)
+    p.add_argument("--reps", type=positive_int, default=200)
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave as is)")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile (slow to compile on small machines)")
     args = p.parse_args(argv)

@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default=None, help="comma list of fp32, bf16, fp16 (default fp32,bf16; with "
                    "--calibrate every dtype, and a list measures only those, keeping the table's other entries)")
     p.add_argument("--quick", action="store_true", help="three shapes, few reps (a smoke run)")
-    p.add_argument("--reps", type=int, default=None, help="timed runs per kernel (default: ~1 s of work, 5-200)")
+    p.add_argument("--reps", type=timing.positive_int, default=None, help="timed runs per kernel (default: ~1 s of work, 5-200)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads(N) before timing")
     p.add_argument("--json", default=None, metavar="PATH", help="write every number (+ machine, date) here")
     p.add_argument("--calibrate", action="store_true", help="measure this CPU class's table (the published models' "
@@ -92,6 +92,9 @@ def main(argv=None) -> int:
     rule, why = rules[str(dtypes[0])]
     print(f"threads {torch.get_num_threads()}; linear family rule: " + "; ".join(
         f"{d.replace('torch.', '')} {'fusegraph.linear' if r else 'addmm'} ({w})" for d, (r, w) in rules.items()))
+    pack, pack_why = gemm_table.pack_lookup(torch.float32)
+    print(f"float32 linear weights under pack_weights=True: {'packed for oneDNN' if pack == 'onednn' else 'unpacked'} "
+          f"({pack_why})")
     rows, records = [], []
     torch.manual_seed(0)
     for dtype in dtypes:

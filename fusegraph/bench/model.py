@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 import statistics
 import sys
@@ -21,7 +22,7 @@ import time
 
 import torch
 
-from .timing import fmt_time, interleaved_seconds, machine_summary, synchronize
+from .timing import fmt_time, interleaved_seconds, machine_summary, positive_int, synchronize
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -135,7 +136,7 @@ def main(argv=None) -> int:
     p.add_argument("--model", choices=sorted(BUILDERS), required=True)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--reps", type=int, default=10, help="timed runs per variant (median reported)")
+    p.add_argument("--reps", type=positive_int, default=10, help="timed runs per variant (median reported)")
     p.add_argument("--threads", type=int, default=0,
                    help="torch.set_num_threads (0: torch's default). On a loaded shared machine use 1: a parallel "
                         "region waiting for a descheduled thread makes every op orders of magnitude slower")
@@ -380,7 +381,10 @@ def benchmark_parallel(model_name, dtype_name, device, reps, variants, nproc, th
     if model_name not in PARALLEL_MODELS:
         raise SystemExit(f"--nproc: --model must be one of {PARALLEL_MODELS} (a diffusers model with a _cp_plan); "
                          f"got {model_name!r}")
-    variants = [v for v in variants if v in PARALLEL_VARIANTS]
+    dropped = [v for v in variants if v not in PARALLEL_VARIANTS]
+    if dropped:
+        raise SystemExit(f"--nproc: variant(s) {dropped} do not run under context parallelism; expected a subset of "
+                         f"{list(PARALLEL_VARIANTS)}")
     device = torch.device(device)
     if device.type == "cuda" and torch.cuda.device_count() < nproc:
         raise SystemExit(f"--nproc {nproc} on CUDA needs {nproc} GPUs; {torch.cuda.device_count()} visible")
@@ -401,7 +405,9 @@ def benchmark_parallel(model_name, dtype_name, device, reps, variants, nproc, th
         with open(out_path) as f:
             data = json.load(f)
     print()
-    print(f"{nproc} ranks ({machine_summary(device)}):")
+    # the parent's summary, with each rank's own thread count (the parent's team is not the ranks')
+    summary = re.sub(r"\b\d+ threads?\b", f"{per_rank_threads} thread(s) per rank", machine_summary(device), count=1)
+    print(f"{nproc} ranks ({summary}):")
     header = " ".join(f"{'rank ' + str(r):>11}" for r in range(nproc))
     print(f"{'variant':<16} {header} {'slowest':>11} {'1 process':>11} {'speed-up':>9} {'max|diff|':>10}")
     rows = []

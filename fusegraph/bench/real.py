@@ -38,6 +38,7 @@ On CUDA ``inductor_cudagraphs`` adds Inductor's own CUDA graphs (``mode="reduce-
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import resource
@@ -55,11 +56,42 @@ def _rss_mib() -> float:
 
 
 def _overrides(text: str) -> dict:
+    """``NAME=VALUE,...`` as Python values: True/False/None, numbers and tuples as written, anything else a string
+    (``graph_max_entries=4``, ``gelu_approximation=sigmoid``, ``graph_batch_buckets=(1,2,4)`` in one item)."""
     out = {}
-    for item in filter(None, text.split(",")):
+    for item in _split_items(text):
         key, _, value = item.partition("=")
-        out[key.strip()] = {"True": True, "False": False}.get(value.strip(), value.strip())
+        value = value.strip()
+        try:
+            out[key.strip()] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            out[key.strip()] = value
     return out
+
+
+def _split_items(text: str) -> list:
+    """``text`` split at the commas outside brackets."""
+    items, depth, current = [], 0, ""
+    for ch in text:
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if ch == "," and depth == 0:
+            items.append(current)
+            current = ""
+        else:
+            current += ch
+    return [i for i in items + [current] if i.strip()]
+
+
+def fusegraph_compile_args(text: str) -> dict:
+    """``torch.compile`` keyword arguments for the variant ``fusegraph:text``: ``mode=M`` as torch.compile's mode,
+    the rest as its ``options=`` (CompilationConfig and FusionPatterns fields by name, or Inductor options)."""
+    from fusegraph import Backend, CompilationConfig
+    from fusegraph.config import with_compile_args
+
+    overrides = _overrides(text)
+    mode = overrides.pop("mode", None)
+    return {"backend": Backend(with_compile_args(CompilationConfig(), options=overrides)), "mode": mode}
 
 
 # --- the models: published transformer configs, fewer blocks -------------------------------------------------
@@ -249,15 +281,8 @@ def _make_fn(model, inputs: dict, dtype, variant: str, threads: int, shared: boo
     if variant == "openvino":
         return _openvino(model, inputs, dtype, threads, restore=shared)
     if variant.split(":")[0] == "fusegraph":
-        from fusegraph import Backend, CompilationConfig
-        from fusegraph.config import with_compile_args
-
-        overrides = _overrides(variant.partition(":")[2])
-        mode = overrides.pop("mode", None)  # fusegraph:mode=reduce-overhead, as torch.compile(mode=...) takes it
-        # the rest as torch.compile(options=...) takes them: CompilationConfig and FusionPatterns fields by name
-        # (fusegraph:pack_weights=True, fusegraph:enable_linear=True) or Inductor options
-        config = with_compile_args(CompilationConfig(), options=overrides)
-        return torch.compile(model, backend=Backend(config), mode=mode)
+        # fusegraph:mode=reduce-overhead, fusegraph:pack_weights=True, fusegraph:enable_linear=True, ...
+        return torch.compile(model, **fusegraph_compile_args(variant.partition(":")[2]))
     raise SystemExit(f"bench real: argument --variants: unknown variant {variant!r}")
 
 
@@ -382,6 +407,8 @@ def run_interleaved(model_name: str, variants: list, dtype_name: str, img_tokens
 
 
 def main(argv=None) -> int:
+    from .timing import positive_int
+
     p = argparse.ArgumentParser(prog="python -m fusegraph bench real", description=__doc__.split("\n\n")[1])
     p.add_argument("--model", choices=sorted(MODELS), default="flux")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="bf16")
@@ -391,7 +418,7 @@ def main(argv=None) -> int:
                    help="';'-separated (default: %(default)s); 'fusegraph:NAME=VALUE,...' sets CompilationConfig or "
                    "FusionPatterns fields or Inductor options, as torch.compile(options=...) does (mode=M: "
                    "torch.compile's mode)")
-    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--reps", type=positive_int, default=5)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="where the model runs (default cpu); cuda: timed to the end of the GPU's work, memory is "

@@ -1,6 +1,7 @@
 """Timing helpers shared by every benchmark: warm runs, medians, device synchronisation, machine facts."""
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import time
@@ -112,7 +113,12 @@ def parse_dtypes(text: str) -> list[torch.dtype]:
 
 def setup_device(device: str, threads: int | None) -> torch.device:
     """Validates ``--device`` and applies ``--threads`` (CPU intra-op threads) before anything is timed."""
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"--device: {device!r} is not a device; expected cpu or cuda") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device: {device!r}; expected cpu or cuda")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device: {device!r} requested but torch {torch.__version__} sees no CUDA device")
     if threads is not None:
@@ -163,11 +169,22 @@ def write_json(path: str, payload: dict) -> None:
         f.write("\n")
 
 
+def positive_int(text: str) -> int:
+    """argparse ``type=``: an integer >= 1 (a count of runs, threads...)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
 def add_run_args(p, *, quick_help: str, reps_help: str) -> None:
     """The options ``demo`` and ``bench ops`` share: --device, --dtype, --quick, --reps, --threads, --json."""
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--dtype", default="fp32,bf16", help="comma list of fp32, bf16, fp16 (default fp32,bf16)")
     p.add_argument("--quick", action="store_true", help=quick_help)
-    p.add_argument("--reps", type=int, default=None, help=reps_help)
+    p.add_argument("--reps", type=positive_int, default=None, help=reps_help)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads(N) before timing")
     p.add_argument("--json", default=None, metavar="PATH", help="write every number (+ machine, date) here")

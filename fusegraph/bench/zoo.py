@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from .timing import (fmt_time, format_table, interleaved_seconds, run_facts, setup_device,
+from .timing import (fmt_time, format_table, interleaved_seconds, positive_int, run_facts, setup_device,
                      write_json)
 
 
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m fusegraph bench zoo", description=__doc__.split("\n\n")[0])
     p.add_argument("--models", help="comma-separated class names (default: every model of fusegraph.zoo)")
-    p.add_argument("--reps", type=int, default=10, help="timed runs per variant (median reported)")
+    p.add_argument("--reps", type=positive_int, default=10, help="timed runs per variant (median reported)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--json", help="also write every number as JSON to this path")
     args = p.parse_args(argv)

@@ -27,6 +27,7 @@ fused op, the behaviour before this choice existed.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import logging
@@ -216,12 +217,24 @@ class CostModel:
 
     @classmethod
     def load(cls) -> "CostModel":
-        """The user's calibration (cache dir) when present, else the shipped table."""
-        for path in (calibration_path(), _SHIPPED):
-            data = read_json(path, _checked_table)  # a malformed file: one warning, then the next source
-            if data is not None:
-                return cls(data["tables"], path)
-        return cls({}, "none")
+        """The shipped table, with the user's calibration (cache dir) over it: each (device or class, threads,
+        family, dtype and row width) the user measured replaces the shipped entry; the rest stays (a partial
+        ``bench calibrate``, one family or one more row width, keeps every other prediction)."""
+        shipped = read_json(_SHIPPED, _checked_table)  # a malformed file: one warning, then without it
+        user = read_json(calibration_path(), _checked_table)
+        if shipped is None and user is None:
+            return cls({}, "none")
+        tables = copy.deepcopy(shipped["tables"]) if shipped is not None else {}
+        for dev, per_threads in (user["tables"] if user is not None else {}).items():
+            for threads, families in per_threads.items():
+                table = tables.setdefault(dev, {}).setdefault(threads, {})
+                for family, per_key in families.items():
+                    table.setdefault(family, {}).update(per_key)
+        if user is None:
+            source = _SHIPPED
+        else:
+            source = calibration_path() + ("" if shipped is None else f" (over {_SHIPPED})")
+        return cls(tables, source)
 
     def ratio(self, family: str, device: torch.device, dtype: torch.dtype, numel: int,
               threads: Optional[int] = None) -> Optional[float]:

@@ -421,5 +421,36 @@ def test_bench_gemm_compares_both_kernels_and_says_what_the_pass_does(tmp_path, 
         assert min(r["median_s"].values()) > 0 and max(r["max_err_vs_float64"].values()) < 0.05
         expected = "linear" if linear.machine_rule(getattr(torch, r["dtype"].split(".")[1]))[0] else "addmm"
         assert r["route"] == expected, r
-    with pytest.raises(ValueError, match="--dtype"):
-        cli(["bench", "gemm", "--dtype", "fp8"])
+    assert cli(["bench", "gemm", "--dtype", "fp8"]) == 2  # one line naming the argument, no traceback
+    assert "bench gemm: error: --dtype: unknown dtype 'fp8'" in capsys.readouterr().err
+
+
+def test_variant_overrides_take_python_values_and_every_field():
+    """fusegraph:NAME=VALUE,...: ints, floats, None and tuples as written (an int field given '4' raised), strings
+    otherwise; CompilationConfig and FusionPatterns fields and mode= alike for bench real and bench compile."""
+    from fusegraph.bench.real import _overrides, fusegraph_compile_args
+
+    assert _overrides("graph_max_entries=4,inductor=False,gelu_approximation=sigmoid,graph_batch_buckets=(1, 2, 4)") \
+        == {"graph_max_entries": 4, "inductor": False, "gelu_approximation": "sigmoid", "graph_batch_buckets": (1, 2, 4)}
+    args = fusegraph_compile_args("mode=reduce-overhead,graph_max_entries=4,enable_linear=False")
+    assert args["mode"] == "reduce-overhead"
+    config = args["backend"].config
+    assert config.graph_max_entries == 4 and config.fusion_patterns.enable_linear is False
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["bench", "ops", "--quick", "--device", "foo"], "--device: 'foo' is not a device"),
+    (["bench", "ops", "--quick", "--reps", "0"], "--reps: expected a positive integer, got 0"),
+    (["bench", "decode", "--reps", "0"], "--reps: expected a positive integer, got 0"),
+    (["bench", "gemm", "--threads", "0"], "--threads: 0; expected a positive integer"),
+    (["bench", "decode", "--hidden", "100", "--heads", "8", "--device", "cpu"], "not a multiple of heads"),
+    (["bench", "calibrate", "--threads", "0"], "--threads: 0; expected a positive integer"),
+    (["bench", "nosuch"], "unknown subject 'nosuch'"),
+])
+def test_bad_command_lines_are_one_line_not_a_traceback(argv, needle, capsys):
+    try:
+        rc = cli(argv)
+    except SystemExit as e:  # argparse's own errors
+        rc = e.code
+    captured = capsys.readouterr()
+    assert rc == 2 and needle in captured.out + captured.err and "Traceback" not in captured.err, captured
