@@ -119,6 +119,26 @@ if readelf -d "$BUILD/fusegraph/libfusegraph_ops.so" | grep -q 'libtorch_cuda'; 
   echo "cross_check: libfusegraph_ops links libtorch_cuda without a CUDA build" >&2; exit 1
 fi
 
+# ---- the CUDA entry points (csrc/ops/cuda/*_cuda.cpp) compiled against this CUDA torch's headers: the x86 build
+# has a CPU torch, whose headers lack c10/cuda, so they were compiled only on a GPU machine (the .cu kernels are
+# nvcc-checked by the x86 build). Host code: the x86 compiler, syntax and types only; CUDA's runtime headers from
+# the installed toolkit (CUDA_HOME, else nvcc's).
+CUDA_INC=${CUDA_HOME:-}/include
+if [ ! -f "$CUDA_INC/cuda_runtime.h" ] && command -v nvcc >/dev/null; then
+  CUDA_INC=$(dirname "$(readlink -f "$(command -v nvcc)")")/../include
+  [ -f "$CUDA_INC/cuda_runtime.h" ] || CUDA_INC=/usr/local/cuda/include
+fi
+if [ -f "$CUDA_INC/cuda_runtime.h" ]; then
+  caps=$(grep -o 'FUSEGRAPH_CPU_CAPS=[0-9]*' "$BUILD/build.ninja" "$BUILD/CMakeCache.txt" 2>/dev/null | head -1 | cut -d= -f2)
+  for f in "$ROOT"/csrc/ops/cuda/*_cuda.cpp; do
+    ${CXX:-g++} -std=c++17 -fsyntax-only -w -DUSE_CUDA -DFUSEGRAPH_CPU_CAPS="${caps:-1}" -I"$ROOT/csrc" \
+      -I"$SITE/torch/include" -I"$SITE/torch/include/torch/csrc/api/include" -I"$CUDA_INC" "$f"
+  done
+  log "the CUDA entry points compile against torch $TORCH_VERSION's CUDA headers"
+else
+  log "no CUDA toolkit headers (cuda_runtime.h): the CUDA entry points are not compiled here"
+fi
+
 # ---- 4. the C++ tests, as a Neoverse N1 (NEON; ATen's capability DEFAULT), then as a CPU with 256-bit SVE (Neoverse
 # V1, AWS Graviton3: ATen reports SVE256 and runs its SVE kernels; fusegraph's stub still runs its NEON build) ----
 for cpu in neoverse-n1 max,sve256=on; do
