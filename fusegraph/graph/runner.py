@@ -13,9 +13,11 @@ process-wide capture lock, inserts the entry (evicting by count or memory) and r
 or captured safely runs ``fn`` eagerly, the reason counted: objects that are not values (numpy arrays...),
 tensor subclasses with their own ``__torch_function__``, autograd (inputs or outputs requiring grad under grad
 mode) and outputs a graph cannot return. A replaced parameter, buffer or submodule of fn's modules (or of a
-module argument) drops the captured graphs first (``guard_weights``). A capture that raises leaves no
-entry: with ``graph_fallback="eager"`` the signature runs ``fn`` uncaptured from then on, the reason counted
-in ``stats.fallbacks``; with "raise" the error propagates. Capture and replay of one runner are serialised by
+module argument), or a module switched by ``train()``/``eval()``, drops the captured graphs first
+(``guard_weights``); fn's in-place writes to that state during a capture are undone (``drivers.StateWrites``),
+and a trace whose shapes follow the inputs' values (``host.data_dependent``) is not captured. A capture that
+raises leaves no entry: with ``graph_fallback="eager"`` the signature runs ``fn`` uncaptured from then on, the
+reason counted in ``stats.fallbacks``; with "raise" the error propagates. Capture and replay of one runner are serialised by
 one lock, so several threads may share a runner. Multi-process (``torch.distributed`` initialised, a graph with
 collectives, or any function under ``process_group="auto"``): the ranks' tensor signatures are compared per call
 (``graph_rank_check="call"``) or per capture, and each capture's outcome is agreed (ranks.py).
