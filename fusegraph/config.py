@@ -277,7 +277,8 @@ class CompilationConfig(_ConfigBase):
     device_graph = _Field("auto", _choice("auto", "cuda", "npu", "host", "none"),
                           "Device graph kind: 'auto' (the inputs' device), 'cuda', 'npu', 'host' or 'none'.")
     safe_output_mode = _Field(True, _bool, "Replay returns clones; False returns the graph's own output buffers "
-                                           "(overwritten by the next replay).")
+                                           "(overwritten by the next replay; on CUDA/NPU, whose graphs share one "
+                                           "memory pool, by the next replay of any signature).")
     graph_batch_buckets = _Field((), _buckets, "Batch buckets (opt-in; only for functions whose rows along dim 0 are "
                                                "independent): a tuple of strictly increasing batch sizes, e.g. "
                                                "(1, 2, 4, 8). A call's batched inputs are padded up to the next "
