@@ -297,13 +297,6 @@ def _describe(match) -> str:
     return ", ".join(parts)
 
 
-def _runtime_eps(match) -> bool:
-    """The match's eps is a 0-d float tensor node (a value read at run time), not a number."""
-    eps = match.kwargs.get("eps")
-    val = eps.meta.get("val") if isinstance(eps, torch.fx.Node) else None
-    return isinstance(val, torch.Tensor) and val.dim() == 0 and val.dtype.is_floating_point
-
-
 def _refusal(family: str, entry, match) -> str:
     """Why a match of a registered form was not applied: the alpha guard, the family's check on the operands,
     or the matcher's exact re-check of the form on this site's own shapes and constants."""
@@ -313,10 +306,6 @@ def _refusal(family: str, entry, match) -> str:
         if not passes._has_no_scaled_add(match):
             return f"{what} an add in it has alpha != 1"
         if family_check is not None and not family_check(match):
-            if _runtime_eps(match):
-                return (f"{what} its eps is read at run time: a 0-d tensor input, as Dynamo passes a module's Python "
-                        f"float attribute (diffusers RMSNorm's self.eps) under dynamic=True; the fused ops take eps as "
-                        f"a number fixed at compile time (automatic dynamic shapes and mark_dynamic keep it one)")
             return f"{what} the {family} check refused its operands ({_describe(match)})"
         if not entry.extra_check(match):
             if family_check is None:
@@ -377,8 +366,8 @@ def _reason(family: str, anchor: torch.fx.Node, pm) -> str:
     was stopped by an op of the site shared with other code) says where it failed. Otherwise no registered
     form ends there."""
     if any(c.modulates_rms for c in BY_NAME[family].candidates) and _anchors.runtime_eps_rms_norm(anchor):
-        return (f"the RMSNorm it modulates is unfused (its rms_norm row): its eps is read at run time, a 0-d tensor "
-                f"input under dynamic=True, and the fused {family} op takes eps as a number fixed at compile time")
+        return (f"the RMSNorm it modulates is unfused (its rms_norm row says why): the {family} forms start at a "
+                f"fused rms_norm (this one's eps is read at run time, a 0-d tensor input under dynamic=True)")
     nearby = _nearby(anchor)
     site = nearby + [a for a in anchor.all_input_nodes if a.op == "call_function"]
     best = None  # (score, node, entry, failed, blocker)

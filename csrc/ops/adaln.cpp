@@ -152,8 +152,19 @@ at::Tensor adaln_cpu(const at::Tensor& x_in, const at::Tensor& scale_in, const s
   return out;
 }
 
+// The eps_tensor overload: eps read from its 0-d CPU tensor, then the same entry point.
+at::Tensor adaln_cpu_eps_tensor(const at::Tensor& x, const at::Tensor& scale, const std::optional<at::Tensor>& shift,
+                                const at::Tensor& eps, const std::optional<at::Tensor>& weight,
+                                const std::optional<at::Tensor>& bias, std::optional<at::ScalarType> out_dtype,
+                                c10::string_view norm) {
+  return adaln_cpu(x, scale, shift, eps_from_tensor(eps, "adaln"), weight, bias, out_dtype, norm);
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fusegraph, CPU, m) { m.impl("adaln", &adaln_cpu); }
+TORCH_LIBRARY_IMPL(fusegraph, CPU, m) {
+  m.impl("adaln", &adaln_cpu);
+  m.impl("adaln.eps_tensor", &adaln_cpu_eps_tensor);
+}
 
 }  // namespace fusegraph

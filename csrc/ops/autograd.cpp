@@ -46,8 +46,8 @@ void set_autograd_hook(AutogradHook hook) { hook_slot() = std::move(hook); }
 
 TORCH_LIBRARY_IMPL(fusegraph, Autograd, m) {
   for (const char* name :
-       {"rms_norm", "rope", "adaln", "gelu_tanh", "fast_gelu", "mul_add", "mul_add.Scalar", "kv_attention",
-        "gemv", "linear"}) {
+       {"rms_norm", "rms_norm.eps_tensor", "rope", "adaln", "adaln.eps_tensor", "gelu_tanh", "fast_gelu", "mul_add",
+        "mul_add.Scalar", "kv_attention", "gemv", "linear"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&autograd_kernel>());
   }
 }

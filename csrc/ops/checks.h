@@ -44,6 +44,21 @@ inline void check_eps(double eps, const char* op) {
                     "; expected a finite number >= 0");
 }
 
+// The `eps_tensor` overloads (rms_norm, adaln): eps given as a 0-d floating-point CPU tensor, the form in which
+// Dynamo passes a module's Python float attribute under torch.compile(dynamic=True) (diffusers RMSNorm's
+// self.eps). Its value is read here, on the host, at every call: a CPU scalar read costs no device sync, and a
+// tensor on a GPU is refused (reading it would synchronise, and a CUDA graph capture cannot). Then check_eps.
+inline double eps_from_tensor(const at::Tensor& eps, const char* op) {
+  TORCH_CHECK(eps.defined(), "fusegraph.", op, ": argument 'eps' is an undefined tensor; expected a 0-d floating-point "
+              "tensor on the CPU or a number");
+  TORCH_CHECK(eps.dim() == 0 && at::isFloatingType(eps.scalar_type()) && eps.device().is_cpu(), "fusegraph.", op,
+              ": argument 'eps' is a tensor of shape ", eps.sizes(), ", dtype ", eps.scalar_type(), " on ",
+              eps.device(), "; expected a 0-d floating-point tensor on the CPU or a number");
+  const double value = eps.item<double>();
+  check_eps(value, op);
+  return value;
+}
+
 inline std::optional<at::ScalarType> check_out_dtype(std::optional<at::ScalarType> out_dtype, const char* op) {
   if (out_dtype.has_value()) {
     TORCH_CHECK_VALUE(is_supported_float(*out_dtype), "fusegraph.", op, ": argument 'out_dtype' is ", *out_dtype,

@@ -9,6 +9,11 @@ TORCH_LIBRARY(fusegraph, m) {
   // Every tensor argument is positional (bias, and adaln's weight/bias, may still be passed by keyword):
   // the gradient formulas follow torch.library.register_autograd's contract, which takes tensors positionally (DESIGN §3.1).
   m.def("rms_norm(Tensor x, Tensor? weight=None, float eps=1e-06, Tensor? bias=None, *, str style=\"torch\") -> Tensor");
+  // eps_tensor: eps as a 0-d CPU tensor read at each call (checks.h: eps_from_tensor), what the fusion passes emit
+  // for a norm whose eps Dynamo passes as an input under torch.compile(dynamic=True). Same math otherwise.
+  m.def(
+      "rms_norm.eps_tensor(Tensor x, Tensor? weight, Tensor eps, Tensor? bias=None, *, str style=\"torch\") -> "
+      "Tensor");
   m.set_python_module("fusegraph.ops.rope");
   // interleaved is a bool; it is declared `Scalar?` so that the op itself sees and rejects None and numbers other
   // than 0 and 1, which a `bool` argument would silently coerce (None -> False: rotate-half; 0.5 -> True).
@@ -16,6 +21,9 @@ TORCH_LIBRARY(fusegraph, m) {
   m.set_python_module("fusegraph.ops.adaln");
   m.def(
       "adaln(Tensor x, Tensor scale, Tensor? shift=None, float eps=1e-06, Tensor? weight=None, Tensor? bias=None, *, "
+      "ScalarType? out_dtype=None, str norm=\"layer\") -> Tensor");
+  m.def(
+      "adaln.eps_tensor(Tensor x, Tensor scale, Tensor? shift, Tensor eps, Tensor? weight=None, Tensor? bias=None, *, "
       "ScalarType? out_dtype=None, str norm=\"layer\") -> Tensor");
   m.set_python_module("fusegraph.ops.gelu");
   m.def("gelu_tanh(Tensor x) -> Tensor");

@@ -26,6 +26,15 @@ def check_eps(eps: float, op: str) -> None:
         raise ValueError(f"fusegraph.{op}: argument 'eps' is {eps}; expected a finite number >= 0")
 
 
+def check_eps_tensor(eps: torch.Tensor, op: str) -> None:
+    """An ``eps_tensor`` overload's eps: a 0-d floating-point CPU tensor (its value is read by the kernel at each
+    call, so the fake kernels check only its form)."""
+    if not (eps.dim() == 0 and eps.dtype.is_floating_point and eps.device.type == "cpu"):
+        raise RuntimeError(
+            f"fusegraph.{op}: argument 'eps' is a tensor of shape {list(eps.shape)}, dtype {eps.dtype} on "
+            f"{eps.device}; expected a 0-d floating-point tensor on the CPU or a number")
+
+
 def check_out_dtype(out_dtype, op: str) -> None:
     if out_dtype is not None and out_dtype not in FLOAT_DTYPES:
         raise ValueError(

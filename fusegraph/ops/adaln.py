@@ -4,12 +4,13 @@ from __future__ import annotations
 import torch
 
 from ._autograd import compute_dtype, grad_like, needs_input_grad, rows_sum, sum_to, register as register_autograd
-from ._checks import check_eps, check_float_tensor, check_out_dtype, check_row_param, check_same_device
+from ._checks import (check_eps, check_eps_tensor, check_float_tensor, check_out_dtype, check_row_param,
+                      check_same_device)
 
 NORMS = ("layer", "rms")
 
 
-def adaln(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor | None = None, eps: float = 1e-6,
+def adaln(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor | None = None, eps: float | torch.Tensor = 1e-6,
           weight: torch.Tensor | None = None, bias: torch.Tensor | None = None, *,
           out_dtype: torch.dtype | None = None, norm: str = "layer") -> torch.Tensor:
     r"""A norm over the last dim :math:`D`, then modulation:
@@ -47,7 +48,13 @@ def adaln(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor | None = Non
     Differentiable in ``x``, ``scale``, ``shift``, ``weight`` and ``bias``: eager's gradients, computed with plain
     torch ops in float32 (float64 for float64 arguments), each returned in its argument's dtype and shape
     (summed over the dims a ``[B, 1, D]`` or ``[D]`` modulation was broadcast along).
+
+    ``eps`` may be a 0-d floating-point CPU tensor, read at each call (the ``adaln.eps_tensor`` overload; see
+    :func:`fusegraph.ops.rms_norm`).
     """
+    if isinstance(eps, torch.Tensor):
+        return torch.ops.fusegraph.adaln.eps_tensor(x, scale, shift, eps, weight=weight, bias=bias,
+                                                    out_dtype=out_dtype, norm=norm)
     return torch.ops.fusegraph.adaln(x, scale, shift, eps, weight=weight, bias=bias, out_dtype=out_dtype, norm=norm)
 
 
@@ -88,7 +95,10 @@ def check_adaln_args(x, scale, shift, eps, weight, bias, out_dtype, norm="layer"
         check_row_param(x, weight, "adaln", "weight")
     if bias is not None:
         check_row_param(x, bias, "adaln", "bias")
-    check_eps(eps, "adaln")
+    if isinstance(eps, torch.Tensor):
+        check_eps_tensor(eps, "adaln")
+    else:
+        check_eps(eps, "adaln")
     check_out_dtype(out_dtype, "adaln")
     if out_dtype is not None:
         return out_dtype
@@ -105,6 +115,11 @@ def _adaln_fake(x, scale, shift=None, eps=1e-6, weight=None, bias=None, *, out_d
     check_adaln_norm(norm)
     dtype = check_adaln_args(x, scale, shift, eps, weight, bias, out_dtype, norm)
     return torch.empty_like(x, dtype=dtype, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("fusegraph::adaln.eps_tensor")
+def _adaln_eps_tensor_fake(x, scale, shift, eps, weight=None, bias=None, *, out_dtype=None, norm="layer"):
+    return _adaln_fake(x, scale, shift, eps, weight, bias, out_dtype=out_dtype, norm=norm)
 
 
 # --- gradients: y = a * (1 + scale) + shift, a = n * w + b -------------------------------------------------
@@ -157,3 +172,4 @@ def _adaln_backward(ctx, grad):
 
 
 register_autograd("fusegraph::adaln", _adaln_backward, setup_context=_adaln_setup_context)
+register_autograd("fusegraph::adaln.eps_tensor", _adaln_backward, setup_context=_adaln_setup_context)

@@ -4,13 +4,13 @@ from __future__ import annotations
 import torch
 
 from ._autograd import compute_dtype, needs_input_grad, rows_sum, register as register_autograd
-from ._checks import check_eps, check_float_tensor, check_row_param
+from ._checks import check_eps, check_eps_tensor, check_float_tensor, check_row_param
 
 STYLES = ("torch", "diffusers")
 _HALF = (torch.bfloat16, torch.float16)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6, *,
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float | torch.Tensor = 1e-6, *,
              bias: torch.Tensor | None = None, style: str = "torch") -> torch.Tensor:
     r"""RMSNorm over the last dim :math:`D` of ``x`` (any rank >= 1, any strides):
 
@@ -36,9 +36,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1
     diffusers' rounding points kept) with plain torch ops, not the fused kernel; a float32 ``weight`` in
     diffusers style then gives a float64 result, as eager does.
 
+    ``eps`` may be a 0-d floating-point CPU tensor (the ``rms_norm.eps_tensor`` overload): its value is read at
+    each call, with no device sync. The fusion passes emit it for a norm whose eps Dynamo passes as an input
+    (``torch.compile(dynamic=True)`` and diffusers ``RMSNorm``'s ``self.eps``).
+
     Differentiable in ``x``, ``weight`` and ``bias``: eager's gradients, computed with plain torch ops in
     float32 (float64 for float64 arguments), each returned in its argument's dtype.
     """
+    if isinstance(eps, torch.Tensor):
+        return torch.ops.fusegraph.rms_norm.eps_tensor(x, weight, eps, bias=bias, style=style)
     return torch.ops.fusegraph.rms_norm(x, weight, eps, bias=bias, style=style)
 
 
@@ -67,7 +73,10 @@ def check_rms_norm_args(x, weight, eps, bias, style) -> torch.dtype:
         check_row_param(x, weight, "rms_norm", "weight")
     if bias is not None:
         check_row_param(x, bias, "rms_norm", "bias")
-    check_eps(eps, "rms_norm")
+    if isinstance(eps, torch.Tensor):
+        check_eps_tensor(eps, "rms_norm")
+    else:
+        check_eps(eps, "rms_norm")
     return rms_norm_out_dtype(x, weight, bias, style)
 
 
@@ -75,6 +84,11 @@ def check_rms_norm_args(x, weight, eps, bias, style) -> torch.dtype:
 def _rms_norm_fake(x, weight=None, eps=1e-6, bias=None, *, style="torch"):
     dtype = check_rms_norm_args(x, weight, eps, bias, style)
     return torch.empty_like(x, dtype=dtype, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("fusegraph::rms_norm.eps_tensor")
+def _rms_norm_eps_tensor_fake(x, weight, eps, bias=None, *, style="torch"):
+    return _rms_norm_fake(x, weight, eps, bias, style=style)
 
 
 # --- gradients: y = n * w + b, n = x * r, r = (mean(x^2) + eps)^-1/2 --------------------------------------
@@ -113,3 +127,5 @@ def _rms_norm_backward(ctx, grad):
 
 
 register_autograd("fusegraph::rms_norm", _rms_norm_backward, setup_context=_rms_norm_setup_context)
+# eps a 0-d tensor: ``+ ctx.eps`` adds it as the forward does (a 0-d tensor does not promote the mean)
+register_autograd("fusegraph::rms_norm.eps_tensor", _rms_norm_backward, setup_context=_rms_norm_setup_context)

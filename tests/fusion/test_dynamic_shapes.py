@@ -89,12 +89,13 @@ class ModulatedRMSNorms(torch.nn.Module):
         return self.plain(x), self.noshift(x) * (1 + scale), self.shift(x) * (1 + scale) + shift
 
 
-def test_explain_lists_each_norm_with_a_run_time_eps_and_its_modulation():
-    """Under dynamic=True each RMSNorm's eps is a 0-d tensor input: explain lists the three norms as unfused
-    rms_norm sites and the modulation without a shift as an unfused adaln_noshift site, each saying so; the
-    modulation with a shift is then a mul_add (``* (1 + scale) + shift``, fused as such). Static, all fuse (the
-    plain norm as rms_norm, the modulated ones as the two modulation families, which compute their norm)."""
-    from fusegraph import explain
+def test_norms_with_a_run_time_eps_fuse_as_static_ones():
+    """Under dynamic=True each RMSNorm's eps is a 0-d tensor input: the norms and their modulations fuse as they do
+    static (the plain norm as rms_norm, the modulated ones as the two modulation families, which compute their
+    norm), on the ``eps_tensor`` overloads, and equal eager; a changed eps is read at the next call, with no
+    recompile. With the rms_norm family off, explain says why the modulations stay unfused."""
+    from fusegraph import CompilationConfig, explain
+    from fusegraph.config import FusionPatterns
 
     model = ModulatedRMSNorms()
     g = torch.Generator().manual_seed(0)
@@ -104,7 +105,27 @@ def test_explain_lists_each_norm_with_a_run_time_eps_and_its_modulation():
     assert (counts["rms_norm"]["fused"], counts["adaln_noshift"]["fused"], counts["adaln_rms"]["fused"]) == (1, 1, 1)
     report = explain(model, *args, dynamic=True)
     counts = {f: (c["fused"], c["unfused"]) for f, c in report.counts().items() if c["fused"] or c["unfused"]}
-    assert counts == {"rms_norm": (0, 3), "adaln_noshift": (0, 1), "mul_add": (1, 0)}, report.table()
-    assert all("eps is read at run time" in s.reason for s in report.unfused("rms_norm"))
-    assert all(s.reason.startswith("the RMSNorm it modulates is unfused") and "eps is read at run time" in s.reason
-               for s in report.unfused("adaln_noshift"))
+    assert counts == {"rms_norm": (1, 0), "adaln_noshift": (1, 0), "adaln_rms": (1, 0)}, report.table()
+
+    torch._dynamo.reset()
+    backend = Backend(CompilationConfig(inductor=False))
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    with torch.no_grad():
+        for n in (5, 9):
+            call = [torch.randn(2, n, DIM, generator=g), *args[1:]]
+            for got, want in zip(compiled(*call), model(*call)):
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        fused = dict(backend.stats.patterns)  # one graph (the norms fused, then two of them into modulations)
+        assert (fused["rms_norm"], fused["adaln_noshift"], fused["adaln_rms"]) == (3, 1, 1)
+        for norm in (model.plain, model.noshift, model.shift):
+            norm.eps = 0.5  # a Python float Dynamo passes as an input: read at this call, no recompile
+        for got, want in zip(compiled(*call), model(*call)):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert dict(backend.stats.patterns) == fused
+    torch._dynamo.reset()
+
+    off = CompilationConfig(fusion_patterns=FusionPatterns(enable_rms_norm=False))
+    report = explain(model, *args, config=off, dynamic=True)
+    unfused = report.unfused("adaln_noshift")
+    assert unfused and all(s.reason.startswith("the RMSNorm it modulates is unfused") for s in unfused), \
+        report.table()

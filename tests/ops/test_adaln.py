@@ -538,3 +538,27 @@ def test_rms_fp32_accuracy_at_large_D_is_eager_level(has_shift):
     eager_y = torch.rms_norm(x, [D], eps=1e-6) * (1 + scale)
     eager = rel_err(eager_y + shift if has_shift else eager_y)
     assert fused <= 2 * eager, f"relative error {fused:.3g}, eager's {eager:.3g}"
+
+
+# ---- eps as a 0-d tensor (adaln.eps_tensor: a run-time eps under dynamic=True) ---------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("norm", ["rms", "layer"])
+def test_eps_tensor_equals_the_number(dtype, norm):
+    """Bitwise the float overload's result (itself checked against float64 above), with a [B, 1, D] chunk view, no
+    shift or a shift, weight and bias; a wrong eps form names the argument, also in the fake kernel."""
+    x = randn(2, 7, 131, dtype=dtype)
+    emb = randn(2, 3 * 131, dtype=dtype)
+    scale, shift, _ = (c[:, None] for c in emb.chunk(3, dim=1))
+    w, b = randn(131), randn(131)
+    for sh in (shift, None):
+        for value in (1e-6, 1e-2):
+            eps = torch.tensor(value, dtype=torch.float64)
+            got = fusegraph.ops.adaln(x, scale, sh, eps, w, b, norm=norm)
+            assert torch.equal(got, fusegraph.ops.adaln(x, scale, sh, value, w, b, norm=norm))
+    torch.library.opcheck(torch.ops.fusegraph.adaln.eps_tensor, (x, scale, shift, eps), {"norm": norm})
+    with pytest.raises(RuntimeError, match=r"argument 'eps' is a tensor of shape \[2\]"):
+        fusegraph.ops.adaln(x, scale, shift, torch.tensor([1e-6, 1e-6]), norm=norm)
+    with pytest.raises(ValueError, match=r"argument 'eps' is -1"):
+        fusegraph.ops.adaln(x, scale, shift, torch.tensor(-1.0), norm=norm)

@@ -129,6 +129,22 @@ def adaln_eager_dtype(x, scale, shift):
     return torch.promote_types(torch.promote_types(x.dtype, scale.dtype), shift.dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_eps_tensor_overloads_read_a_cpu_eps(dtype):
+    """rms_norm.eps_tensor / adaln.eps_tensor on CUDA x: the eps is a 0-d CPU tensor (as Dynamo passes a float under
+    dynamic=True), read on the host with no sync; the result is bitwise the float overload's. An eps on the GPU
+    is refused, naming it (reading it would synchronise)."""
+    x, w = crandn(3, 7, 131, dtype=dtype), crandn(131, dtype=dtype)
+    scale, shift = crandn(3, 1, 131, dtype=dtype), crandn(3, 1, 131, dtype=dtype)
+    eps = torch.tensor(1e-2, dtype=torch.float64)
+    assert torch.equal(ops.rms_norm.eps_tensor(x, w, eps, style="diffusers"),
+                       ops.rms_norm(x, w, 1e-2, style="diffusers"))
+    assert torch.equal(ops.adaln.eps_tensor(x, scale, shift, eps, w, norm="rms"),
+                       ops.adaln(x, scale, shift, 1e-2, w, norm="rms"))
+    with pytest.raises(RuntimeError, match=r"argument 'eps' is a tensor of shape \[\], dtype Double on cuda"):
+        ops.rms_norm.eps_tensor(x, w, eps.to(CUDA))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(1, 1, 1), (2, 7, 33), (2, 5, 128), (2, 3, 3072), (1, 2, 12288)])
 def test_adaln_chunked_modulation_matches_float64_reference(dtype, shape):

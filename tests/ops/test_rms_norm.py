@@ -217,3 +217,63 @@ def test_fp32_accuracy_at_large_D_is_eager_level(offset):
 
     fused, eager = rel_err(fusegraph.ops.rms_norm(x, w, EPS_FP32)), rel_err(torch.rms_norm(x, [D], w, EPS_FP32))
     assert fused <= 2 * eager, f"relative error {fused:.3g}, eager's {eager:.3g}"
+
+
+# ---- eps as a 0-d tensor (the eps_tensor overload: what the fusion emits for a run-time eps under dynamic=True) ----
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("style", ["torch", "diffusers"])
+@pytest.mark.parametrize("eps_dtype", [torch.float64, torch.float32])
+def test_eps_tensor_equals_the_number(dtype, style, eps_dtype):
+    """The value read from the tensor is the eps: bitwise the float overload's result (itself checked against float64
+    above), on a strided x, with weight and bias; a large eps changes the result."""
+    x = randn(6, 5, 131, dtype=dtype).transpose(0, 1)
+    w, b = randn(131, dtype=dtype), randn(131, dtype=dtype)
+    for value in (EPS_FP32, 1e-2):
+        eps = torch.tensor(value, dtype=eps_dtype)
+        got = fusegraph.ops.rms_norm(x, w, eps, bias=b, style=style)
+        assert torch.equal(got, fusegraph.ops.rms_norm(x, w, float(eps), bias=b, style=style))
+    assert not torch.allclose(got, fusegraph.ops.rms_norm(x, w, EPS_FP32, bias=b, style=style))
+
+
+def test_eps_tensor_opcheck_and_compile():
+    eps = torch.tensor(1e-5, dtype=torch.float64)
+    torch.library.opcheck(torch.ops.fusegraph.rms_norm.eps_tensor, (randn(3, 65), randn(65), eps), {})
+    torch.library.opcheck(torch.ops.fusegraph.rms_norm.eps_tensor, (randn(2, 5, 8, dtype=torch.bfloat16), None, eps),
+                          {"style": "diffusers"})
+    fn = torch.compile(lambda x, w, e: fusegraph.ops.rms_norm(x, w, e) * 2, fullgraph=True, backend="aot_eager")
+    x, w = randn(4, 33), randn(33)
+    torch.testing.assert_close(fn(x, w, eps), fusegraph.ops.rms_norm(x, w, 1e-5) * 2, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("eps, exc, pattern", [
+    (torch.tensor([1e-6]), RuntimeError, r"argument 'eps' is a tensor of shape \[1\], dtype (Float|torch.float32) "
+                                         r"on cpu; expected a 0-d floating-point tensor on the CPU"),
+    (torch.tensor(1), RuntimeError, r"argument 'eps' is a tensor of shape \[\], dtype (Long|torch.int64)"),
+    (torch.tensor(1e-6, device="meta"), RuntimeError, r"argument 'eps' is a tensor .* on meta"),
+    (torch.tensor(-1e-6, dtype=torch.float64), ValueError, r"argument 'eps' is -1e-06; expected a finite number"),
+    (torch.tensor(float("inf")), ValueError, r"argument 'eps' is inf"),
+])
+def test_eps_tensor_bad_input(eps, exc, pattern):
+    """Checked at each call (its value only there: the fake kernel sees the form, not the value)."""
+    x = randn(2, 4)
+    with pytest.raises(exc, match=pattern):
+        fusegraph.ops.rms_norm(x, None, eps)
+    if exc is RuntimeError:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode, pytest.raises(exc, match=pattern):
+            torch.ops.fusegraph.rms_norm.eps_tensor(mode.from_tensor(x), None, mode.from_tensor(eps))
+
+
+def test_eps_tensor_gradients_equal_the_number():
+    eps = torch.tensor(1e-3, dtype=torch.float64)
+    x, w = randn(3, 5, 17), randn(17)
+    grads = []
+    for e in (eps, 1e-3):
+        xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+        fusegraph.ops.rms_norm(xg, wg, e, style="diffusers").square().sum().backward()
+        grads.append((xg.grad, wg.grad))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

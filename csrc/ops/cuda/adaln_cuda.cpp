@@ -46,8 +46,19 @@ at::Tensor adaln_cuda(const at::Tensor& x_in, const at::Tensor& scale_in, const 
   return out;
 }
 
+// The eps_tensor overload: eps read from its 0-d CPU tensor, then the same entry point.
+at::Tensor adaln_cuda_eps_tensor(const at::Tensor& x, const at::Tensor& scale, const std::optional<at::Tensor>& shift,
+                                 const at::Tensor& eps, const std::optional<at::Tensor>& weight,
+                                 const std::optional<at::Tensor>& bias, std::optional<at::ScalarType> out_dtype,
+                                 c10::string_view norm) {
+  return adaln_cuda(x, scale, shift, eps_from_tensor(eps, "adaln"), weight, bias, out_dtype, norm);
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fusegraph, CUDA, m) { m.impl("adaln", &adaln_cuda); }
+TORCH_LIBRARY_IMPL(fusegraph, CUDA, m) {
+  m.impl("adaln", &adaln_cuda);
+  m.impl("adaln.eps_tensor", &adaln_cuda_eps_tensor);
+}
 
 }  // namespace fusegraph

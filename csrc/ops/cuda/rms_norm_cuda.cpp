@@ -35,8 +35,17 @@ at::Tensor rms_norm_cuda(const at::Tensor& x_in, const std::optional<at::Tensor>
   return out;
 }
 
+// The eps_tensor overload: eps read from its 0-d CPU tensor, then the same entry point.
+at::Tensor rms_norm_cuda_eps_tensor(const at::Tensor& x, const std::optional<at::Tensor>& weight, const at::Tensor& eps,
+                                    const std::optional<at::Tensor>& bias, c10::string_view style) {
+  return rms_norm_cuda(x, weight, eps_from_tensor(eps, "rms_norm"), bias, style);
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fusegraph, CUDA, m) { m.impl("rms_norm", &rms_norm_cuda); }
+TORCH_LIBRARY_IMPL(fusegraph, CUDA, m) {
+  m.impl("rms_norm", &rms_norm_cuda);
+  m.impl("rms_norm.eps_tensor", &rms_norm_cuda_eps_tensor);
+}
 
 }  // namespace fusegraph

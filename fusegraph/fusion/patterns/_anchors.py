@@ -126,7 +126,7 @@ def layer_norm_label(node) -> Optional[str]:
 def is_fused_rms_norm(node) -> bool:
     from ._family import overload
 
-    return is_op(node, overload("rms_norm.default"))
+    return is_op(node, overload("rms_norm.default"), overload("rms_norm.eps_tensor"))
 
 
 def is_one_plus(a, anchor) -> bool:

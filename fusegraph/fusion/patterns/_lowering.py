@@ -43,6 +43,13 @@ def adaln(out_dtype, x, scale, shift, eps=1e-6, weight=None, bias=None, *, out_d
     return y.to(out_dtype)
 
 
+def fused_adaln(x, scale, shift, eps, **kwargs):
+    """``fusegraph.adaln`` in a replacement, or its ``eps_tensor`` overload for an eps read at run time (a 0-d
+    tensor: ``rms_norm.runtime_eps_form``)."""
+    op = torch.ops.fusegraph.adaln.eps_tensor if isinstance(eps, torch.Tensor) else torch.ops.fusegraph.adaln
+    return op(x, scale, shift, eps, **kwargs)
+
+
 def adaln_shift(node):
     """The shift argument of a ``fusegraph.adaln`` node (None: the no-shift modulation)."""
     return node.args[2] if len(node.args) > 2 else node.kwargs.get("shift")

@@ -41,7 +41,8 @@ from ..._core.torch_pattern_matcher import PatternMatcherPass
 from ._prepare import prepare_before, split_shared_casts, split_shared_factors
 from . import _anchors
 from ._family import Candidate, Family, Form, register_forms
-from ._lowering import adaln as lower, adaln_shift, adaln_site
+from ._lowering import adaln as lower, adaln_shift, adaln_site, fused_adaln
+from .rms_norm import runtime_eps_form
 from .adaln import hoist_norm_views, unshare_norms
 from .adaln_rms import rms_modulation_forms
 from .adaln_rms import (_DTYPES, _EPS_MAGIC, _STYLES, _rms, adaln_out_dtype, explicit_rms_calls_during, param_examples,
@@ -57,7 +58,7 @@ _scale_only_chunks = functools.partial(supported, mods=("scale",), chunks=True)
 
 def _fused_rms(x, scale, eps, weight, bias, style):
     out_dtype = adaln_out_dtype(rms_expression_dtype(x, weight, bias, style, scale), x, scale, weight, bias)
-    return torch.ops.fusegraph.adaln(x, scale, None, eps, weight=weight, bias=bias, out_dtype=out_dtype, norm="rms")
+    return fused_adaln(x, scale, None, eps, weight=weight, bias=bias, out_dtype=out_dtype, norm="rms")
 
 
 _B, _S, _D = 2, 5, 16
@@ -146,7 +147,7 @@ def _mochi_forms(style: str) -> list:
         return (_rms(x.float(), None, eps, style=style) * (1 + scale.float())).to(x.dtype)
 
     def fused_mochi_fp32(x, scale, eps):
-        return torch.ops.fusegraph.adaln(x, scale, None, eps, out_dtype=x.dtype, norm="rms")
+        return fused_adaln(x, scale, None, eps, out_dtype=x.dtype, norm="rms")
 
     mochi_fp32.__name__ = f"_rms_mochi_fp32_{style}"
     return [Form(mochi_fp32, fused_mochi_fp32, _mochi_examples, check=_scale_only)]
@@ -192,7 +193,7 @@ def _ln_dtype(x, *others):
 
 
 def _fused_ln_zero(x, scale, eps):
-    return torch.ops.fusegraph.adaln(x, scale, None, eps, out_dtype=adaln_out_dtype(_ln_dtype(x, scale), x, scale))
+    return fused_adaln(x, scale, None, eps, out_dtype=adaln_out_dtype(_ln_dtype(x, scale), x, scale))
 
 
 def _fused_ln_continuous(x, scale, eps):
@@ -201,15 +202,14 @@ def _fused_ln_continuous(x, scale, eps):
 
 def _fused_ln_fp32(x, scale, eps):
     out_dtype = None if x.dtype == torch.float32 else x.dtype
-    return torch.ops.fusegraph.adaln(x, scale, None, eps, out_dtype=out_dtype)
+    return fused_adaln(x, scale, None, eps, out_dtype=out_dtype)
 
 
 def _fused_ln_affine(x, weight, bias, scale, eps):
     # layer_norm(x, [D], weight, bias) has x's dtype whatever the affine's (eager's mixed-dtype LayerNorm), and so
     # has adaln(norm="layer")'s own promotion
     expected = _ln_dtype(x, scale)
-    return torch.ops.fusegraph.adaln(x, scale, None, eps, weight=weight, bias=bias,
-                                     out_dtype=adaln_out_dtype(expected, x, scale))
+    return fused_adaln(x, scale, None, eps, weight=weight, bias=bias, out_dtype=adaln_out_dtype(expected, x, scale))
 
 
 def _fused_ln_affine_continuous(x, weight, bias, scale, eps):
@@ -237,7 +237,9 @@ def _ln_wb(x_dtype):
 
 # The RMSNorm forms on the fused rms_norm op (no casts in them but Mochi's: float32 and one mixed example
 # suffice), per style; then the LayerNorm forms, per (x dtype, scale dtype) (their decomposition holds casts).
-RMS_FORMS = tuple(f for style in _STYLES for f in (*_rms_forms(style), *_mochi_forms(style)))
+# Each RMSNorm form also with a run-time eps (dynamic=True: an ``rms_norm.eps_tensor`` call, adaln_rms's).
+_STATIC_RMS_FORMS = tuple(f for style in _STYLES for f in (*_rms_forms(style), *_mochi_forms(style)))
+RMS_FORMS = _STATIC_RMS_FORMS + tuple(runtime_eps_form(f, cast=False) for f in _STATIC_RMS_FORMS)
 LN_FORMS = (
     # contains _ln_zero: first; only for a low-precision x
     Form(_ln_fp32, _fused_ln_fp32, lambda xd, md: [[_ln_x(xd), _ln_scale(md), _EPS_MAGIC]] if xd != torch.float32
@@ -287,6 +289,7 @@ def _anchor(node):
     return label if label is not None and _anchors.modulation(node) == "noshift" else None
 
 
-FAMILY = Family("adaln_noshift", "enable_adalayernorm", register, ops=("adaln.default",), claims=_claims,
-                lowerings={"adaln.default": lower}, calibration=adaln_site(norm="layer", shift=False),
+FAMILY = Family("adaln_noshift", "enable_adalayernorm", register, ops=("adaln.default", "adaln.eps_tensor"),
+                claims=_claims, lowerings={"adaln.default": lower, "adaln.eps_tensor": lower},
+                calibration=adaln_site(norm="layer", shift=False),
                 row_wise=True, candidates=(Candidate(_anchor, modulates_rms=True),), forms=RMS_FORMS + LN_FORMS)

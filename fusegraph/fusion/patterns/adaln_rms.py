@@ -40,12 +40,14 @@ from ._prepare import prepare_before, split_shared_factors
 from ._trace import fwd_functional, kwarg
 from . import _anchors
 from ._family import Candidate, Family, Form, register_forms
-from ._lowering import adaln as lower, adaln_shift, adaln_site
+from ._lowering import adaln as lower, adaln_shift, adaln_site, fused_adaln
+from .rms_norm import fused_rms_norm as _rms, runtime_eps_form, usable_eps
 
 _EPS_MAGIC = 0.07314279675483704  # exactly representable in fp32; every literal equal to it becomes eps
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _STYLES = ("torch", "diffusers")
-_rms = torch.ops.fusegraph.rms_norm
+_RMS = torch.ops.fusegraph.rms_norm.default  # a run-time eps's overload (eps_tensor) needs no canonical form:
+_RMS_EPS_TENSOR = torch.ops.fusegraph.rms_norm.eps_tensor  # its weight and eps are never dropped from a trace
 
 
 # ---- the pieces shared with adaln_noshift ---------------------------------------------------------------
@@ -69,7 +71,7 @@ def canonical_rms_calls(graph: torch.fx.Graph, *, explicit: bool = True) -> int:
     traced with an explicit eps and made explicit too (:func:`trace_canonical`), so both sides agree. Returns the
     number of calls rewritten."""
     changed = 0
-    for node in graph.find_nodes(op="call_function", target=_rms.default):
+    for node in graph.find_nodes(op="call_function", target=_RMS):
         values = dict(zip(_RMS_ARGS, node.args))
         values.update({k: v for k, v in node.kwargs.items() if k in _RMS_ARGS})
         args = [values.get(name, _RMS_DEFAULTS.get(name)) for name in _RMS_ARGS]
@@ -112,7 +114,9 @@ def unshare_rms_norms(graph: torch.fx.Graph) -> int:
     original keeps one of them, or its other users). Returns the number of copies made; a copy that then does
     not fuse costs one extra norm."""
     copies = 0
-    for node in list(graph.find_nodes(op="call_function", target=_rms.default)):
+    norms = [*graph.find_nodes(op="call_function", target=_RMS),
+             *graph.find_nodes(op="call_function", target=_RMS_EPS_TENSOR)]
+    for node in norms:
         users = list(node.users)
         if len(users) < 2:
             continue
@@ -182,8 +186,7 @@ def supported(match: Match, *, chunks: bool = False, mods=("scale", "shift")) ->
     x = val(match, "x")
     if not isinstance(x, torch.Tensor) or x.dtype not in _DTYPES or x.dim() < 2:
         return False
-    eps = kwarg(match, "eps")
-    if not isinstance(eps, (int, float)) or not eps >= 0.0:
+    if not usable_eps(match):
         return False
     for name in ("weight", "bias"):
         t = val(match, name)
@@ -219,7 +222,7 @@ def fused_rms(x, scale, shift, eps, weight, bias, style):
     """The replacement: one adaln(norm="rms") with the source's output dtype."""
     out_dtype = adaln_out_dtype(rms_expression_dtype(x, weight, bias, style, scale, shift),
                                 x, scale, shift, weight, bias)
-    return torch.ops.fusegraph.adaln(x, scale, shift, eps, weight=weight, bias=bias, out_dtype=out_dtype,
+    return fused_adaln(x, scale, shift, eps, weight=weight, bias=bias, out_dtype=out_dtype,
                                      norm="rms")
 
 
@@ -377,18 +380,18 @@ def _cast_forms(style: str) -> list:
         return (n.float() * (1 + scale.float()) + shift.float()).to(n.dtype)
 
     def fused_type_as(x, scale, shift, eps):
-        return torch.ops.fusegraph.adaln(x, scale, shift, eps, out_dtype=x.dtype, norm="rms")
+        return fused_adaln(x, scale, shift, eps, out_dtype=x.dtype, norm="rms")
 
     def fused_weight_type_as(x, weight, scale, shift, eps):
-        return torch.ops.fusegraph.adaln(x, scale, shift, eps, weight=weight, out_dtype=x.dtype, norm="rms")
+        return fused_adaln(x, scale, shift, eps, weight=weight, out_dtype=x.dtype, norm="rms")
 
     def fused_fp32_modulation(x, scale, shift, eps):
         out_dtype = rms_norm_out_dtype(x, None, None, style)
-        return torch.ops.fusegraph.adaln(x, scale, shift, eps, out_dtype=out_dtype, norm="rms")
+        return fused_adaln(x, scale, shift, eps, out_dtype=out_dtype, norm="rms")
 
     def fused_weight_fp32_modulation(x, weight, scale, shift, eps):
         out_dtype = rms_norm_out_dtype(x, weight, None, style)
-        return torch.ops.fusegraph.adaln(x, scale, shift, eps, weight=weight, out_dtype=out_dtype, norm="rms")
+        return fused_adaln(x, scale, shift, eps, weight=weight, out_dtype=out_dtype, norm="rms")
 
     def form(search, replace, n_params):
         search.__name__ = f"_rms_{search.__name__}_{style}"
@@ -403,8 +406,10 @@ def _cast_forms(style: str) -> list:
 # ---- registration ------------------------------------------------------------------------------------
 
 
-# Per style, the cast forms first: each contains a plain form.
-FORMS = tuple(f for style in _STYLES for f in (*_cast_forms(style), *_forms(style)))
+# Per style, the cast forms first: each contains a plain form. Then each with a run-time eps (under dynamic=True:
+# the rms_norm family's ``rms_norm.eps_tensor`` call, its eps a 0-d tensor input).
+_STATIC_FORMS = tuple(f for style in _STYLES for f in (*_cast_forms(style), *_forms(style)))
+FORMS = _STATIC_FORMS + tuple(runtime_eps_form(f, cast=False) for f in _STATIC_FORMS)
 
 
 def register(pm: PatternMatcherPass, opts) -> None:
@@ -434,6 +439,7 @@ def _anchor(node):
     return "mean(x²)" if _anchors.runtime_eps_rms_norm(node) else None
 
 
-FAMILY = Family("adaln_rms", "enable_adalayernorm", register, ops=("adaln.default",), claims=_claims,
-                lowerings={"adaln.default": lower}, calibration=adaln_site(norm="rms", shift=True),
+FAMILY = Family("adaln_rms", "enable_adalayernorm", register, ops=("adaln.default", "adaln.eps_tensor"),
+                claims=_claims, lowerings={"adaln.default": lower, "adaln.eps_tensor": lower},
+                calibration=adaln_site(norm="rms", shift=True),
                 row_wise=True, candidates=(Candidate(_anchor, modulates_rms=True),), forms=FORMS)

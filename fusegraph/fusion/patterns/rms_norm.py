@@ -25,6 +25,7 @@ dim, ``pow(x, 3)`` or a cast to another dtype do not fuse.
 """
 from __future__ import annotations
 
+import functools
 import operator
 
 import torch
@@ -83,24 +84,31 @@ def _diffusers_plain(x, eps):
 # ---- replacements ------------------------------------------------------------------------------------
 
 
+def fused_rms_norm(x, weight=None, eps=1e-6, bias=None, *, style="torch"):
+    """``fusegraph.rms_norm``, or its ``eps_tensor`` overload for an eps read at run time (a 0-d tensor)."""
+    if isinstance(eps, torch.Tensor):
+        return torch.ops.fusegraph.rms_norm.eps_tensor(x, weight, eps, bias=bias, style=style)
+    return torch.ops.fusegraph.rms_norm(x, weight, eps, bias=bias, style=style)
+
+
 def _fused_torch_weight(x, weight, eps):
-    return torch.ops.fusegraph.rms_norm(x, weight, eps, style="torch")
+    return fused_rms_norm(x, weight, eps, style="torch")
 
 
 def _fused_torch_plain(x, eps):
-    return torch.ops.fusegraph.rms_norm(x, None, eps, style="torch")
+    return fused_rms_norm(x, None, eps, style="torch")
 
 
 def _fused_diffusers_weight(x, weight, eps):
-    return torch.ops.fusegraph.rms_norm(x, weight, eps, style="diffusers")
+    return fused_rms_norm(x, weight, eps, style="diffusers")
 
 
 def _fused_diffusers_weight_bias(x, weight, bias, eps):
-    return torch.ops.fusegraph.rms_norm(x, weight, eps, bias=bias, style="diffusers")
+    return fused_rms_norm(x, weight, eps, bias, style="diffusers")
 
 
 def _fused_diffusers_plain(x, eps):
-    return torch.ops.fusegraph.rms_norm(x, None, eps, style="diffusers")
+    return fused_rms_norm(x, None, eps, style="diffusers")
 
 
 # ---- checks ------------------------------------------------------------------------------------------
@@ -111,13 +119,28 @@ def _val(match: Match, name: str):
     return node.meta.get("val") if isinstance(node, torch.fx.Node) else node
 
 
+def runtime_eps(eps) -> bool:
+    """``eps`` (a match's eps value) is read at run time: a 0-d floating-point CPU tensor, as Dynamo passes a
+    module's Python float attribute under ``dynamic=True``; the ``eps_tensor`` overloads take it (the kernel
+    checks its value at each call)."""
+    return isinstance(eps, torch.Tensor) and eps.dim() == 0 and eps.dtype.is_floating_point and \
+        eps.device.type == "cpu"
+
+
+def usable_eps(match: Match) -> bool:
+    """The match's eps is a number >= 0 fixed at compile time, or a run-time one (:func:`runtime_eps`)."""
+    eps = kwarg(match, "eps")
+    if isinstance(eps, torch.fx.Node):
+        return runtime_eps(eps.meta.get("val"))
+    return isinstance(eps, (int, float)) and eps >= 0.0
+
+
 def _supported(match: Match) -> bool:
     """What the fused kernel takes: float x with a last dim, a 1-D weight/bias of size D, a usable eps."""
     x = _val(match, "x")
     if not isinstance(x, torch.Tensor) or x.dtype not in _DTYPES or x.dim() < 1:
         return False
-    eps = kwarg(match, "eps")
-    if not isinstance(eps, (int, float)) or not eps >= 0.0:
+    if not usable_eps(match):
         return False
     dim = x.shape[-1]
     weight = _val(match, "weight")
@@ -164,8 +187,32 @@ def _inputs(n_tensors: int, *, transposed: bool = False):
     return examples
 
 
+def eps_example() -> torch.Tensor:
+    """The stand-in of a run-time eps: what Dynamo passes for a Python float under ``dynamic=True`` (a 0-d float64
+    CPU tensor)."""
+    return torch.tensor(_EPS_MAGIC, dtype=torch.float64)
+
+
+def runtime_eps_form(form: Form, *, cast: bool = True) -> Form:
+    """``form`` with its eps (the last argument) read at run time: a 0-d float64 tensor input, which the graph
+    converts to float32 before adding it (``cast``: Dynamo's graph of ``variance + self.eps`` under
+    ``dynamic=True`` is ``add(mean, convert_element_type(eps, float32))``). The replacement gets the tensor itself
+    (the ``eps_tensor`` overloads). The search function keeps the form's argument names (``functools.wraps``:
+    ``register_replacement`` reads them with ``inspect.signature``)."""
+
+    @functools.wraps(form.search)
+    def search(*args):
+        *rest, eps = args
+        return form.search(*rest, eps.to(torch.float32) if cast else eps)
+
+    def examples(*combination):
+        return [[*inputs[:-1], eps_example()] for inputs in form.examples(*combination)]
+
+    return Form(search, form.replace, examples, check=form.check, check_of=form.check_of, scalars={})
+
+
 # The larger form first (bias contains the weight form).
-FORMS = (
+_STATIC_FORMS = (
     Form(_diffusers_weight_bias, _fused_diffusers_weight_bias, _inputs(3)),
     Form(_diffusers_weight, _fused_diffusers_weight, _inputs(2)),
     Form(_diffusers_plain, _fused_diffusers_plain, _inputs(1)),
@@ -173,6 +220,9 @@ FORMS = (
     Form(_torch_weight, _fused_torch_weight, _inputs(2, transposed=True)),
     Form(_torch_plain, _fused_torch_plain, _inputs(1, transposed=True)),
 )
+# The forms whose eps is Python arithmetic (``variance + self.eps``): under dynamic=True Dynamo passes that float as
+# a 0-d tensor input. torch.rms_norm's eps is a float argument, which Dynamo specializes to a number.
+FORMS = _STATIC_FORMS + tuple(runtime_eps_form(f) for f in _STATIC_FORMS[:4])
 
 
 def register(pm: PatternMatcherPass, opts) -> None:
@@ -221,6 +271,7 @@ def _anchor(node):
     return None
 
 
-FAMILY = Family("rms_norm", "enable_rms_norm", register, ops=("rms_norm.default",),
-                lowerings={"rms_norm.default": lower}, calibration=_calibration_site, row_wise=True,
+FAMILY = Family("rms_norm", "enable_rms_norm", register, ops=("rms_norm.default", "rms_norm.eps_tensor"),
+                lowerings={"rms_norm.default": lower, "rms_norm.eps_tensor": lower}, calibration=_calibration_site,
+                row_wise=True,
                 candidates=(Candidate(_anchor),), forms=FORMS)
