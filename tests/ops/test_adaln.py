@@ -562,3 +562,20 @@ def test_eps_tensor_equals_the_number(dtype, norm):
         fusegraph.ops.adaln(x, scale, shift, torch.tensor([1e-6, 1e-6]), norm=norm)
     with pytest.raises(ValueError, match=r"argument 'eps' is -1"):
         fusegraph.ops.adaln(x, scale, shift, torch.tensor(-1.0), norm=norm)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("D", [3, 4096 + 904])
+def test_layer_norm_row_whose_squares_overflow_float32(dtype, D):
+    """|x - mean| above ~1.8e19: the float32 sum of squared deviations overflows; the row's statistics are taken
+    again in double, so the result is float64's (it was `shift`: rstd = 1 / sqrt(inf) = 0). A row holding inf stays
+    NaN, as eager's; the other rows are untouched."""
+    x = randn(3, D, dtype=torch.float32)
+    x[0, 0] = 1e20
+    x[2, 1] = float("inf")
+    x = x.to(dtype)
+    scale, shift = randn(D, dtype=dtype, scale=0.1), randn(D, dtype=dtype)
+    got = fusegraph.ops.adaln(x, scale, shift)
+    want = torch.nn.functional.layer_norm(x.double(), [D], eps=1e-6) * (1 + scale.double()) + shift.double()
+    torch.testing.assert_close(got[:2], want[:2].to(dtype))
+    assert got[2].isnan().all()

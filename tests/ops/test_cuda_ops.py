@@ -577,3 +577,17 @@ def test_linear_on_cuda(dtype):
     out = ops.linear(x, w, b)
     assert out.device.type == CUDA and out.shape == (2, 19, 37) and out.is_contiguous()
     torch.testing.assert_close(out, F.linear(x, w, b))
+
+
+@pytest.mark.parametrize("D", [3, 4096 + 904])
+def test_adaln_layer_norm_row_whose_squares_overflow_float32(D):
+    """|x - mean| above ~1.8e19 overflows the float32 sum of squares: the kernel sums scaled deviations instead, so
+    the row is float64's (not `shift`); a row holding inf stays NaN."""
+    x = randn(3, D)
+    x[0, 0] = 1e20
+    x[2, 1] = float("inf")
+    scale, shift = randn(D, scale=0.1), randn(D)
+    got = ops.adaln(x.to(CUDA), scale.to(CUDA), shift.to(CUDA)).cpu()
+    want = torch.nn.functional.layer_norm(x.double(), [D], eps=1e-6) * (1 + scale.double()) + shift.double()
+    torch.testing.assert_close(got[:2], want[:2].float(), rtol=1e-5, atol=1e-5)
+    assert got[2].isnan().all()

@@ -74,6 +74,28 @@ struct RowStats {
 // matters for rows whose mean is large against their spread), sum(d^2) gives the variance.
 // corr, applied as (x - mean) - corr: the float32 mean of a row near 1000 is off by up to 3e-5; its
 // correction is applied to the exact difference instead of being rounded into the mean.
+// A LayerNorm row whose float32 sum of squared deviations overflowed (|x - mean| above ~1.8e19): the statistics
+// again in double, element by element (rare; the float32 sums gave var = inf, so rstd = 0 and the row became
+// `shift`, where the float64 result is finite and eager's is NaN). A row holding inf or NaN stays NaN.
+template <typename T_x>
+C10_NOINLINE RowStats row_stats_double(const T_x* xr, int64_t D, double eps) {
+  double sum_x = 0.0;
+  for (int64_t i = 0; i < D; ++i) sum_x += static_cast<double>(static_cast<float>(xr[i]));
+  const double d_d = static_cast<double>(D);
+  const float mean = static_cast<float>(sum_x / d_d);
+  double sum_d = 0.0, sum_q = 0.0;
+  for (int64_t i = 0; i < D; ++i) {
+    const double d = static_cast<double>(static_cast<float>(xr[i])) - static_cast<double>(mean);
+    sum_d += d;
+    sum_q += d * d;
+  }
+  RowStats st;
+  st.mean = fVec(mean);
+  st.corr = fVec(static_cast<float>(sum_d / d_d));
+  st.rstd = fVec(static_cast<float>(1.0 / std::sqrt(std::max(0.0, (sum_q - sum_d * (sum_d / d_d)) / d_d) + eps)));
+  return st;
+}
+
 template <typename T_x>
 C10_ALWAYS_INLINE RowStats row_stats(const T_x* xr, int64_t D, double eps, bool rms) {
   const float d_f = static_cast<float>(D);
@@ -108,6 +130,7 @@ C10_ALWAYS_INLINE RowStats row_stats(const T_x* xr, int64_t D, double eps, bool 
     var = std::max(0.0, (sum_q - sum_d * (sum_d / d_d)) / d_d);
     st.corr = fVec(static_cast<float>(sum_d / d_d));
   }
+  if (std::isinf(var)) return row_stats_double(xr, D, eps);
   st.rstd = fVec(static_cast<float>(1.0 / std::sqrt(var + eps)));
   return st;
 }

@@ -52,7 +52,21 @@ __global__ void __launch_bounds__(1024) adaln_kernel(const AdalnParams p) {
       };
       sum_sq = row_sum(thread_row_sum<VEC, kVec>(p.x, x_row, cols, centred_squares), smem);
     }
-    const float rstd = 1.0f / sqrtf(sum_sq / static_cast<float>(cols) + p.eps);
+    float rstd = 1.0f / sqrtf(sum_sq / static_cast<float>(cols) + p.eps);
+    if (!p.rms && isinf(sum_sq) && isfinite(mean)) {
+      // |x - mean| above ~1.8e19: the float32 sum of squares overflowed (rstd would be 0 and the row `shift`).
+      // Sum the squares of the deviations scaled by 2^-64 instead; eps is negligible against such a variance. The
+      // branch is uniform across the block (every thread holds the row's sum), so row_sum's barriers are safe.
+      constexpr float kDown = 5.42101086242752217e-20f;  // 2^-64
+      const auto scaled_squares = [mean](const float* v) {
+        float step = 0.0f;
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) step += ((v[i] - mean) * kDown) * ((v[i] - mean) * kDown);
+        return step;
+      };
+      const float scaled = row_sum(thread_row_sum<VEC, kVec>(p.x, x_row, cols, scaled_squares), smem);
+      rstd = kDown / sqrtf(scaled / static_cast<float>(cols));
+    }
 
     const int64_t scale_row = row_offset(p.layout, p.scale, idx);
     const bool has_shift = p.shift.data != nullptr;
