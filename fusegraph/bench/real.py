@@ -20,9 +20,9 @@ round (speeds only: a second table, and ``"interleaved"`` in the JSON; ``--inter
 Variants:
 
 - ``eager``; ``inductor`` (plain ``torch.compile``); ``inductor_tuned`` (``freezing`` + ``cpp_wrapper``, what a
-  tuned CPU user sets);
+  tuned CPU user sets); ``inductor_dynamic`` (``torch.compile(dynamic=True)``, as cache-dit compiles);
 - ``fusegraph`` (the default config) and ``fusegraph:<overrides>`` (``fusegraph:pack_weights=True,concat_linear=True``,
-  ``fusegraph:enable_freezing=True``, ``fusegraph:fusion_choice=always``);
+  ``fusegraph:enable_freezing=True``, ``fusegraph:fusion_choice=always``, ``fusegraph:dynamic=True``);
 - ``openvino``: ``openvino.convert_model`` + ``compile_model`` on CPU (an optional benchmark dependency,
   ``pip install openvino``; the row says so when it is missing). Its bf16 row converts the same weights in fp32
   and runs with ``INFERENCE_PRECISION_HINT=bf16``, OpenVINO's own way to run bf16 on CPU.
@@ -85,13 +85,18 @@ def _split_items(text: str) -> list:
 
 def fusegraph_compile_args(text: str) -> dict:
     """``torch.compile`` keyword arguments for the variant ``fusegraph:text``: ``mode=M`` as torch.compile's mode,
-    the rest as its ``options=`` (CompilationConfig and FusionPatterns fields by name, or Inductor options)."""
+    ``dynamic=True`` as its ``dynamic`` (cache-dit compiles so), the rest as its ``options=`` (CompilationConfig and
+    FusionPatterns fields by name, or Inductor options)."""
     from fusegraph import Backend, CompilationConfig
     from fusegraph.config import with_compile_args
 
     overrides = _overrides(text)
     mode = overrides.pop("mode", None)
-    return {"backend": Backend(with_compile_args(CompilationConfig(), options=overrides)), "mode": mode}
+    dynamic = overrides.pop("dynamic", None)
+    if dynamic not in (None, True, False):
+        raise SystemExit(f"bench: variant option 'dynamic' is {dynamic!r}; expected True or False")
+    return {"backend": Backend(with_compile_args(CompilationConfig(), options=overrides)), "mode": mode,
+            "dynamic": dynamic}
 
 
 # --- the models: published transformer configs, fewer blocks -------------------------------------------------
@@ -278,6 +283,8 @@ def _make_fn(model, inputs: dict, dtype, variant: str, threads: int, shared: boo
         return torch.compile(model, options={"freezing": True, "cpp_wrapper": True})
     if variant == "inductor_cudagraphs":
         return torch.compile(model, mode="reduce-overhead")
+    if variant == "inductor_dynamic":
+        return torch.compile(model, dynamic=True)
     if variant == "openvino":
         return _openvino(model, inputs, dtype, threads, restore=shared)
     if variant.split(":")[0] == "fusegraph":
@@ -417,7 +424,7 @@ def main(argv=None) -> int:
     p.add_argument("--variants", default=";".join(DEFAULT_VARIANTS),
                    help="';'-separated (default: %(default)s); 'fusegraph:NAME=VALUE,...' sets CompilationConfig or "
                    "FusionPatterns fields or Inductor options, as torch.compile(options=...) does (mode=M: "
-                   "torch.compile's mode)")
+                   "torch.compile's mode, dynamic=True: its dynamic); inductor_dynamic: torch.compile(dynamic=True)")
     p.add_argument("--reps", type=positive_int, default=5)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",

@@ -56,6 +56,19 @@ def test_adaln_lowering_equals_the_op(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_eps_tensor_lowerings_equal_the_ops(dtype):
+    """The run-time eps overloads (dynamic=True) lower as the float ones, the 0-d float64 eps converted first."""
+    eps = torch.tensor(1e-2, dtype=torch.float64)
+    x = _rand(3, 5, 48, dtype=dtype)[:, ::2]
+    w = _rand(48, dtype=dtype)
+    _check(fg.rms_norm.eps_tensor, x, w, eps)
+    _check(fg.rms_norm.eps_tensor, x, None, eps, style="diffusers")
+    scale, shift = _rand(3, 1, 48, dtype=dtype), _rand(3, 1, 48, dtype=dtype)
+    _check(fg.adaln.eps_tensor, x, scale, shift, eps, w, norm="rms")
+    _check(fg.adaln.eps_tensor, x, scale, None, eps, norm="rms")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("interleaved", [True, False])
 def test_rope_lowering_equals_the_op(dtype, interleaved):
     x = _rand(2, 6, 3, 16, dtype=dtype).transpose(1, 2)  # [B, H, S, D] view of [B, S, H, D]

@@ -18,9 +18,15 @@ def compute_dtype(*items) -> torch.dtype:
     return torch.float32
 
 
+def _eps(eps, cd):
+    """eps as the source adds it: a number, or a run-time 0-d tensor converted to the math dtype first (the graph
+    Dynamo hands over converts its float64 input so; the op reads it as a double and adds it in float32)."""
+    return eps.to(cd) if isinstance(eps, torch.Tensor) else eps
+
+
 def rms(x, eps, cd):
     xf = x.to(cd)
-    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + _eps(eps, cd))
 
 
 def adaln(out_dtype, x, scale, shift, eps=1e-6, weight=None, bias=None, *, out_dtype_arg=None, norm="layer"):
@@ -32,7 +38,7 @@ def adaln(out_dtype, x, scale, shift, eps=1e-6, weight=None, bias=None, *, out_d
         xf = x.to(cd)
         mean = xf.mean(-1, keepdim=True)
         centred = xf - mean
-        n = centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + eps)
+        n = centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + _eps(eps, cd))
     if weight is not None:
         n = n * weight.to(cd)
     if bias is not None:
