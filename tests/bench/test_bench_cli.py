@@ -436,6 +436,9 @@ def test_variant_overrides_take_python_values_and_every_field():
     assert args["mode"] == "reduce-overhead"
     config = args["backend"].config
     assert config.graph_max_entries == 4 and config.fusion_patterns.enable_linear is False
+    assert args["dynamic"] is None and fusegraph_compile_args("dynamic=True")["dynamic"] is True
+    with pytest.raises(SystemExit, match="variant option 'dynamic' is 'yes'; expected True or False"):
+        fusegraph_compile_args("dynamic=yes")
 
 
 @pytest.mark.parametrize("argv, needle", [
