@@ -103,7 +103,9 @@ def is_mean_of_square(node) -> bool:
 
 def runtime_eps_rms_norm(node) -> bool:
     """``node`` is an unfused RMSNorm's ``mean(x²)`` whose eps is read at run time: the mean added to a 0-d float
-    tensor (as Dynamo passes a module's Python float under ``dynamic=True``), which no fused op takes."""
+    tensor (as Dynamo passes a module's Python float under ``dynamic=True``). The rms_norm family fuses such norms
+    (the ``eps_tensor`` overloads); one still here was left (the family off, or its check refused it), and the
+    modulation families, which start at a fused norm, say so."""
     if not is_mean_of_square(node):
         return False
     for user in node.users:

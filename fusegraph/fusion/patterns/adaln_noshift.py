@@ -278,8 +278,8 @@ def _claims(node) -> bool:
 
 
 def _anchor(node):
-    """A LayerNorm or a fused RMSNorm followed by ``* (1 + scale)`` with no shift; also an RMSNorm left unfused
-    because its eps is read at run time (under ``dynamic=True``), whose modulation cannot fuse either."""
+    """A LayerNorm or a fused RMSNorm followed by ``* (1 + scale)`` with no shift; also an RMSNorm with a run-time eps
+    (under ``dynamic=True``) left unfused, whose modulation cannot fuse either."""
     if _anchors.is_fused_rms_norm(node):
         label = "fusegraph.rms_norm"
     elif _anchors.runtime_eps_rms_norm(node):

@@ -430,8 +430,8 @@ def _claims(node) -> bool:
 
 def _anchor(node):
     """A fused RMSNorm followed by ``* (1 + scale) + shift``. (An RMSNorm still unfused is the rms_norm
-    family's candidate: this family starts at the fused op; but one left unfused because its eps is read at run
-    time, under ``dynamic=True``, is this family's candidate too: its modulation cannot fuse either.)"""
+    family's candidate: this family starts at the fused op; but one with a run-time eps, under ``dynamic=True``,
+    left unfused is this family's candidate too: its modulation cannot fuse either.)"""
     if _anchors.modulation(node) != "shift":
         return None
     if _anchors.is_fused_rms_norm(node):
