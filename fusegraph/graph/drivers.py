@@ -80,10 +80,12 @@ def static_buffers(tensors, lazy: bool, static=()) -> list:
 
 class StateWrites(TorchDispatchMode):
     """Active over a capture: the first in-place write to one of ``tensors`` (a module's state) saves a copy of the
-    tensor; leaving restores every saved one. A capture runs fn several times (the fusion trace, warm-up runs, the
-    host graph's timed replays); fn's own writes to the state it holds then happen once per call, in the replay,
-    as eagerly. Only what is written is copied. A write made while a CUDA/NPU graph captures is not saved: the
-    capture records it without running it (and a copy made then would be recorded too, never filled)."""
+    tensor; leaving restores every saved one. A write is an argument the op's schema marks as written, or one of
+    ``_UNANNOTATED``'s (batch norm's running statistics in training mode). A capture runs fn several times (the
+    fusion trace, warm-up runs, the host graph's timed replays); fn's own writes to the state it holds then happen
+    once per call, in the replay, as eagerly. Only what is written is copied. A write made while a CUDA/NPU graph
+    captures is not saved: the capture records it without running it (and a copy made then would be recorded too,
+    never filled)."""
 
     def __init__(self, tensors):
         super().__init__()
@@ -95,11 +97,9 @@ class StateWrites(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self._by_storage and func._schema.is_mutable and not _device_capturing():
-            for i, arg in enumerate(func._schema.arguments):
-                if arg.alias_info is None or not arg.alias_info.is_write:
-                    continue
-                value = args[i] if i < len(args) and not arg.kwarg_only else kwargs.get(arg.name)
+        if self._by_storage and (func._schema.is_mutable or func in _unannotated_writes()) \
+                and not _device_capturing():
+            for value in _written_arguments(func, args, kwargs):
                 if type(value) in (torch.Tensor, torch.nn.Parameter) and value.device.type != "meta":
                     key = value.untyped_storage().data_ptr()
                     if key in self._by_storage and key not in self._saved:
@@ -118,6 +118,52 @@ class StateWrites(TorchDispatchMode):
             self._saved.clear()
 
 
+# Ops that write arguments their schema does not annotate as written (no ``(a!)``): batch norm updates the running
+# statistics in place in training mode although ``running_mean``/``running_var`` are plain ``Tensor?``; neither
+# ``is_mutable`` nor ``alias_info`` shows it, so the table names them. Overload name -> (the written arguments, the
+# bool argument that must be true for the write, or None: always written).
+_UNANNOTATED = {
+    "native_batch_norm": (("running_mean", "running_var"), "training"),
+    "cudnn_batch_norm": (("running_mean", "running_var"), "training"),
+    "miopen_batch_norm": (("running_mean", "running_var"), "training"),
+    "batch_norm_update_stats": (("running_mean", "running_var"), None),
+    "batch_norm_gather_stats_with_counts": (("running_mean", "running_var"), None),
+}
+_unannotated_table: dict | None = None
+
+
+def _unannotated_writes() -> dict:
+    """{OpOverload: (written argument names, condition)} for the overloads of ``_UNANNOTATED`` this torch has."""
+    global _unannotated_table
+    if _unannotated_table is None:
+        table = {}
+        for name, spec in _UNANNOTATED.items():
+            packet = getattr(torch.ops.aten, name, None)
+            for overload in (packet.overloads() if packet is not None else ()):
+                table[getattr(packet, overload)] = spec
+        _unannotated_table = table
+    return _unannotated_table
+
+
+def _written_arguments(func, args, kwargs):
+    """The argument values ``func`` writes: those its schema annotates as written, and those of the
+    unannotated-write table."""
+    schema = func._schema
+
+    def value_of(i, arg):
+        return args[i] if i < len(args) and not arg.kwarg_only else kwargs.get(arg.name)
+
+    extra = _unannotated_writes().get(func)
+    names, condition = extra if extra is not None else ((), None)
+    if condition is not None:
+        on = [value_of(i, a) for i, a in enumerate(schema.arguments) if a.name == condition]
+        if not on or not on[0]:
+            names = ()
+    for i, arg in enumerate(schema.arguments):
+        if (arg.alias_info is not None and arg.alias_info.is_write) or arg.name in names:
+            yield value_of(i, arg)
+
+
 def _device_capturing() -> bool:
     """A CUDA or NPU graph is being captured on this thread's current stream."""
     for name in ("cuda", "npu"):
@@ -134,10 +180,11 @@ def _device_capturing() -> bool:
 class HostDriver:
     name = "host"
 
-    def capture(self, flat_fn, tensors, options, graph=None, alternative=None, static=()) -> Capture:
+    def capture(self, flat_fn, tensors, options, graph=None, alternative=None, static=(), shared=()) -> Capture:
         """``alternative``: the plain trace of a fused ``graph`` (GraphRunner's fusion before capture): both are
         built and timed on the capture's inputs, and the faster one is kept (``info["chose"]``). ``static``: inputs
-        the function does not mutate (a graph's parameters), used as they are."""
+        the function does not mutate (a graph's parameters), used as they are. ``shared``: tensors the graph may
+        hold as constants without owning them (the parameters and buffers of fn's modules): not its memory."""
         # warm-up and trace on copies of the same strides, so a function that mutates its inputs still
         # mutates the caller's tensors exactly once (in the replay); overlapping layouts are traced as given; the
         # static inputs (the weights: no copy of the model during a capture) as they are
@@ -163,7 +210,29 @@ class HostDriver:
         info = {"gm": gm, "ops": graph.num_instructions}
         if chose is not None:
             info["chose"] = chose
-        return Capture(graph, [], graph.constant_bytes, info=info)
+        return Capture(graph, [], owned_constant_bytes(graph, gm, shared), info=info)
+
+
+def owned_constant_bytes(graph, gm, shared) -> int:
+    """The host graph's constants less those that are ``shared`` tensors: a trace of a module holds its parameters
+    and buffers as constants, references to the module's own storage that every entry shares and none copies, so
+    counting them would charge the weights once per entry (and a memory budget would evict entries costing
+    nothing). Constants derived from them (a fused graph's packed weights) are the entry's own."""
+    total = graph.constant_bytes
+    if not shared or total == 0:
+        return total
+    storages = {t.untyped_storage().data_ptr() for t in shared if t.device.type != "meta"}
+    held = []
+    for node in gm.graph.find_nodes(op="get_attr"):
+        if not node.users:
+            continue
+        value = gm
+        for part in node.target.split("."):
+            value = getattr(value, part, None)
+        if isinstance(value, torch.Tensor) and value.device.type != "meta" \
+                and value.untyped_storage().data_ptr() in storages:
+            held.append(value)
+    return max(0, total - storage_bytes(held))
 
 
 # The fused host graph is kept unless the plain trace replays this much faster (the median of a few

@@ -12,13 +12,15 @@ then safe-output clones); a miss captures through the driver of the inputs' devi
 process-wide capture lock, inserts the entry (evicting by count or memory) and replays it. What cannot be keyed
 or captured safely runs ``fn`` eagerly, the reason counted: objects that are not values (numpy arrays...),
 tensor subclasses with their own ``__torch_function__``, autograd (inputs or outputs requiring grad under grad
-mode) and outputs a graph cannot return. A replaced parameter, buffer or submodule of fn's modules (or of a
-module argument), or a module switched by ``train()``/``eval()``, drops the captured graphs first
-(``guard_weights``); fn's in-place writes to that state during a capture are undone (``drivers.StateWrites``),
-and a trace whose shapes follow the inputs' values (``host.data_dependent``) is not captured. A capture that
-raises leaves no entry: with ``graph_fallback="eager"`` the signature runs ``fn`` uncaptured from then on, the
-reason counted in ``stats.fallbacks``; with "raise" the error propagates. Capture and replay of one runner are serialised by
-one lock, so several threads may share a runner. Multi-process (``torch.distributed`` initialised, a graph with
+mode) and outputs a graph cannot return. A replaced parameter, buffer or submodule of fn's modules (fn itself, a
+bound method's object, modules in its closure, and those its code reaches by name through globals, closure objects
+and attribute chains: ``_modules_of``), or of a module argument, or a module switched by ``train()``/``eval()``,
+drops the captured graphs first (``guard_weights``); fn's in-place writes to that state during a capture are undone
+(``drivers.StateWrites``), the random generators put back (the call draws as eagerly), and a trace whose shapes
+follow the inputs' values (``host.data_dependent``) is not captured. A capture that raises leaves no entry: with
+``graph_fallback="eager"`` the signature runs ``fn`` uncaptured from then on, the reason counted in
+``stats.fallbacks``; with "raise" the error propagates. Capture and replay of one runner are serialised by one lock,
+so several threads may share a runner. Multi-process (``torch.distributed`` initialised, a graph with
 collectives, or any function under ``process_group="auto"``): the ranks' tensor signatures are compared per call
 (``graph_rank_check="call"``) or per capture, and each capture's outcome is agreed (ranks.py).
 
@@ -43,6 +45,8 @@ import functools
 import logging
 import threading
 import time
+import types
+import weakref
 
 import torch
 
@@ -110,15 +114,17 @@ class GraphRunner:
                                           self.stats.counters, list(self._static) if static_by_address else [])
         self._lock = threading.RLock()
         # The weights a graph reads are those of the modules it was captured with: fn's own (a module, a bound
-        # method of one, modules in its closure) and module arguments (keyed by identity). A replaced
-        # parameter, buffer or submodule drops the captured graphs (in-place writes are read live).
+        # method of one, modules in its closure or reached by name, _modules_of) and module arguments (keyed by
+        # identity). A replaced parameter, buffer or submodule drops the captured graphs (in-place writes are read
+        # live). The guard is built once per capture generation; a call checks its slots (~8 ns each) in C++.
         self._guard_weights = guard_weights  # False: the caller guards them (the backend's routes)
-        self._fn_guard = _module_guard(_modules_of(fn)) if guard_weights else None
+        self._fn_guard = _fn_guard(fn) if guard_weights else None
         self._aten_graph = fn if _is_aten_graph(fn) else None  # built by the host driver without a re-trace
         # the backend's graph compiled for symbolic sizes (SymInt inputs): already fused, so a capture only
         # specializes it to the call's sizes (the driver's plain trace), never fuses it again
         self._symbolic_aten_graph = self._aten_graph is None and _is_aten_graph(fn, symbolic=True)
-        self._arg_guards: dict = {}  # id(module argument) -> (module, SlotGuard)
+        self._arg_guards: dict = {}  # id(module argument) -> (weakref to the module, SlotGuard)
+        self._entry_modules: dict = {}  # entry id -> ids of the module arguments its signature holds
         self._values_seen: dict = {}  # non-tensor leaf position -> set of values captured
         self._warned: set = set()
         self._specs: dict = {}  # argument TreeSpec -> its signature value
@@ -219,20 +225,46 @@ class GraphRunner:
         _log.info("fusegraph: %s: %s's '%s' was replaced since capture; dropping %d captured graph(s)", self.name,
                   what, changed, len(self._cache))
         self.stats.add(weight_invalidations=1)
-        self.clear()
+        self.clear()  # the module arguments' guards too: they are made anew from the current weights
         if what == "fn":
-            self._fn_guard = _module_guard(_modules_of(self.fn))
-        self._arg_guards.clear()
+            self._fn_guard = _fn_guard(self.fn)
         return True
 
     def _check_module_args(self, leaves, positions) -> None:
         for p in positions:
             m = leaves[p]
             held = self._arg_guards.get(id(m))
-            if held is None or held[0] is not m:
-                self._arg_guards[id(m)] = (m, _module_guard([m]))
+            if held is None or held[0]() is not m:
+                self._guard_arg(m)
             elif self._check_weights(held[1], f"argument {p} ({type(m).__name__})"):
-                self._arg_guards[id(m)] = (m, _module_guard([m]))
+                self._guard_arg(m)
+
+    def _guard_arg(self, m) -> None:
+        """Guards module argument ``m`` through a weak reference: the guard must not keep a module alive that no
+        captured graph holds any more (the cache's entries hold their module arguments while they live); it goes
+        when the module dies, and with the entries that held it (``_forget_arg_guards``)."""
+        key, guards = id(m), self._arg_guards
+
+        def gone(ref):
+            held = guards.get(key)
+            if held is not None and held[0] is ref:
+                del guards[key]
+
+        guards[key] = (weakref.ref(m, gone), _module_guard([m]))
+
+    def _forget_arg_guards(self, evicted=None) -> None:
+        """Drops the guards of module arguments that no resident entry holds any more: the entries ``evicted``
+        (every entry when None). A module passed again is guarded anew from its current weights; its captured
+        graphs are gone, so nothing replays with stale ones."""
+        if evicted is None:
+            self._entry_modules.clear()
+            self._arg_guards.clear()
+            return
+        for entry in evicted:
+            self._entry_modules.pop(entry, None)
+        held = set().union(*self._entry_modules.values()) if self._entry_modules else set()
+        for key in [k for k in self._arg_guards if k not in held]:
+            del self._arg_guards[key]
 
     def _finish(self, res, leaves, in_spec, args, kwargs):
         """A cache call's outcome: a replay's outputs in fn's structure (the cache counted the replay), fn run
@@ -321,14 +353,17 @@ class GraphRunner:
         failure = None
         # fn's module state (a counter, running statistics, a cache written in place): the capture's trace, warm-up
         # and timing runs would each write it; their writes are undone, so the call's write is the replay's alone
-        held = self._state_tensors(leaves)
+        state_tensors = self._state_tensors(leaves)
+        held = list(state_tensors)
         if driver.name != "host" and lazy:  # the static inputs are the caller's tensors: a warm-up's write undone too
             held += tensors
         state = StateWrites(held) if held else contextlib.nullcontext()
         try:
             # real tensors only: a compile-time capture runs inside aot_autograd, whose FakeTensorMode would
-            # turn the graph's own factory ops (a graph of constants, like Mochi's position tables) into fakes
-            with capture_lock(), fx_tracing_window("capture"), unset_fake_temporarily(), state:
+            # turn the graph's own factory ops (a graph of constants, like Mochi's position tables) into fakes.
+            # The generators are put back afterwards, as the state is: the capture's runs draw random numbers,
+            # the call's own draw is the replay's, so a seeded call and everything after it match eager.
+            with capture_lock(), fx_tracing_window("capture"), unset_fake_temporarily(), state, _rng_preserved():
                 graph = self._aten_graph if in_spec is None else None
                 if self._symbolic_aten_graph and not kwargs and len(leaves) == len(args) + 1:
                     graph = specialize(self.fn, leaves[:-1])  # None: the driver traces this call instead
@@ -337,8 +372,9 @@ class GraphRunner:
                     graph, counts, plain = self._fuse(flat_fn, tensors, o)
                     if graph is not None and driver.name != "host":  # device graphs capture the fused graph's run
                         flat_fn = _list_outputs(graph)
-                if driver.name == "host" and graph is not None and plain is not None:
-                    cap = driver.capture(flat_fn, tensors, o, graph=graph, alternative=plain, static=self._static)
+                if driver.name == "host":  # fn's module state is read where it lives: not the entry's memory
+                    cap = driver.capture(flat_fn, tensors, o, graph=graph, static=self._static, shared=state_tensors,
+                                         alternative=plain if graph is not None else None)
                 else:
                     cap = driver.capture(flat_fn, tensors, o, graph=graph, static=self._static)
                 if counts is not None:
@@ -368,7 +404,13 @@ class GraphRunner:
         seconds = time.perf_counter() - t0
         info = _EntryInfo(out_box.get("spec"), cap, driver.name, out_box.get("constants"))
         # the cache counts the capture, the recapture, evictions and memory into stats.counters
+        modules = {id(x) for x in leaves if isinstance(x, torch.nn.Module)}
+        before = set(self._cache.entry_ids()) if modules else ()
         evicted = self._cache.insert(leaves, cap.static_inputs, cap.executable, int(cap.memory_bytes), info)
+        if modules:  # which module arguments the new entry holds: their guards live as long as some entry does
+            self._entry_modules.update((e, modules) for e in self._cache.entry_ids() if e not in before)
+        if evicted:
+            self._forget_arg_guards(evicted)
         self.stats.add(capture_seconds=seconds)
         if cap.fallback_reason:
             self.stats.add_fallback(cap.fallback_reason)
@@ -488,6 +530,28 @@ class GraphRunner:
         """Drops every captured graph (their memory leaves stats.graph_memory_bytes)."""
         with self._lock:
             self._cache.clear()
+            self._forget_arg_guards()
+
+
+@contextlib.contextmanager
+def _rng_preserved():
+    """Restores the CPU generator and the initialised CUDA/NPU devices' generators on exit."""
+    cpu = torch.get_rng_state()
+    devices = []
+    for name in ("cuda", "npu"):
+        mod = getattr(torch, name, None)
+        initialized = getattr(mod, "is_initialized", None)
+        try:
+            if initialized is not None and initialized():
+                devices.append((mod, mod.get_rng_state_all()))
+        except Exception:  # a device module that cannot answer here
+            continue
+    try:
+        yield
+    finally:
+        torch.set_rng_state(cpu)
+        for mod, states in devices:
+            mod.set_rng_state_all(states)
 
 
 def _list_outputs(gm):
@@ -535,14 +599,18 @@ def _is_aten_graph(fn, symbolic: bool = False) -> bool:
     return symbols or not symbolic
 
 
-def _modules_of(fn) -> list:
+def _modules_of(fn, slots=None) -> list:
     """The modules whose weights ``fn`` reads: fn itself, the object of a bound method, a partial's arguments,
-    and modules in its closure (one level)."""
+    modules in its closure, and those its code reaches by name (``_reach``). ``slots``: a list that receives the
+    (dict, key, value) slots through which a module was found in a global or an attribute, so that rebinding it
+    (``model = other``, ``pipe.transformer = other``) is seen too."""
     found = []
 
     def add(x):
         if isinstance(x, torch.nn.Module) and all(x is not m for m in found):
             found.append(x)
+            return True
+        return False
 
     add(fn)
     add(getattr(fn, "__self__", None))
@@ -556,16 +624,117 @@ def _modules_of(fn) -> list:
             add(cell.cell_contents)
         except ValueError:  # an empty cell
             pass
+    _reach(fn, add, slots if slots is not None else [], set(), _REACH_FUNCTIONS)
     return found
 
 
-def _module_guard(modules):
+# How far ``_reach`` follows a function's names: functions it calls by name (helpers) and attribute chains
+# (``pipe.transformer``, ``app.pipe.transformer``).
+_REACH_FUNCTIONS = 2
+_REACH_ATTRIBUTES = 2
+
+
+def _reach(fn, add, slots, visited, functions) -> None:
+    """Adds the modules ``fn``'s code reaches by name: a global named in its code (``def step(x): return
+    model(x)``), attribute chains of the names in its code from a global or closure object (``pipe.transformer``),
+    the modules among the attributes (or dict/list items) of a global, closure or bound-method object that is not
+    a module (one level), and the same for the plain functions it names (``functions`` levels deep). Only
+    ``__dict__`` entries are read: no property or ``__getattr__`` runs."""
+    if isinstance(fn, functools.partial):
+        fn = fn.func
+    self_obj = getattr(fn, "__self__", None)
+    fn = getattr(fn, "__func__", fn)
+    if isinstance(fn, torch.nn.Module):  # its forward's globals (a module's own state is guarded already)
+        fn = getattr(type(fn).forward, "__func__", type(fn).forward)
+    code = getattr(fn, "__code__", None)
+    if not isinstance(fn, types.FunctionType) or code is None or id(fn) in visited:
+        return
+    visited.add(id(fn))
+    names, stack = set(), [code]
+    while stack:  # the code's names and those of the code nested in it (lambdas, comprehensions)
+        c = stack.pop()
+        names.update(c.co_names)
+        stack += [k for k in c.co_consts if isinstance(k, types.CodeType)]
+
+    def chains(obj, depth) -> bool:
+        """Follows the code's names as attributes of ``obj``; True when a module was found."""
+        attrs = _instance_dict(obj)
+        if attrs is None or depth == 0:
+            return False
+        hit = False
+        for name in names & attrs.keys():
+            value = attrs[name]
+            if add(value) or isinstance(value, torch.nn.Module) or chains(value, depth - 1):
+                slots.append((attrs, name, value))
+                hit = True
+        return hit
+
+    def holder(obj) -> bool:
+        """A global, closure or bound-method object: the module itself, attribute chains, its modules one level."""
+        if isinstance(obj, torch.nn.Module):
+            add(obj)
+            return True
+        if isinstance(obj, types.FunctionType):
+            if functions > 0:
+                _reach(obj, add, slots, visited, functions - 1)
+            return False
+        if isinstance(obj, (type, types.BuiltinFunctionType)) or obj is None:
+            return False
+        hit = chains(obj, _REACH_ATTRIBUTES)
+        if isinstance(obj, types.ModuleType):  # a Python module: only the names the code uses
+            return hit
+        attrs = _instance_dict(obj)
+        items = attrs if attrs is not None else obj if type(obj) is dict else None
+        if items is not None:
+            for k, v in items.items():
+                if isinstance(v, torch.nn.Module):
+                    add(v)
+                    slots.append((items, k, v))
+                    hit = True
+        elif type(obj) in (list, tuple):
+            for v in obj:
+                hit = add(v) or isinstance(v, torch.nn.Module) or hit
+        return hit
+
+    if self_obj is not None:
+        holder(self_obj)
+    for cell in fn.__closure__ or ():
+        try:
+            holder(cell.cell_contents)
+        except ValueError:  # an empty cell
+            pass
+    scope = fn.__globals__
+    for name in names & scope.keys():
+        value = scope[name]
+        if holder(value):  # rebinding the global is a replaced module too
+            slots.append((scope, name, value))
+
+
+def _instance_dict(obj):
+    """``obj.__dict__`` when it is a plain dict, read without running a custom ``__getattr__``/``__getattribute__``;
+    else None."""
+    try:
+        attrs = object.__getattribute__(obj, "__dict__")
+    except Exception:  # no __dict__ (slots, builtins)
+        return None
+    return attrs if type(attrs) is dict else None
+
+
+def _fn_guard(fn):
+    slots = []
+    return _module_guard(_modules_of(fn, slots), slots)
+
+
+def _module_guard(modules, slots=()):
     """A C++ SlotGuard over every parameter, buffer, submodule and tensor attribute of ``modules``, and each
     module's ``training`` flag (``train()``/``eval()``: Dropout, BatchNorm and ``if self.training`` branches trace
-    otherwise); None when there are none. Other Python attributes a forward reads are fixed at capture."""
+    otherwise), and over ``slots`` (the globals and attributes the modules were found through); None when there are
+    none. Other Python attributes a forward reads are fixed at capture."""
     if not modules:
         return None
     guard = _C.graph.SlotGuard()
+    for d, k, v in slots:
+        guard.add(d, k, v)
     seen = set()
     for root in modules:
         for m in root.modules():
