@@ -1,9 +1,12 @@
 #include "graph/cache.h"
 
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
 #include <c10/util/hash.h>
 
+#include <algorithm>
 #include <map>
 #include <sstream>
 #include <tuple>
@@ -16,7 +19,13 @@ std::string ArgSignature::describe() const {
   std::ostringstream os;
   os << "tensor(shape=[";
   for (size_t i = 0; i < sizes.size(); ++i) os << (i ? ", " : "") << sizes[i];
-  os << "], dtype=" << dtype << ", device=" << device << ")";
+  os << "], dtype=" << dtype << ", device=" << device;
+  if (!strides.empty()) {
+    os << ", strides=[";
+    for (size_t i = 0; i < strides.size(); ++i) os << (i ? ", " : "") << strides[i];
+    os << "], " << (alias_of >= 0 ? "storage of argument " + std::to_string(alias_of) : std::string("storage shared"));
+  }
+  os << ")";
   if (!value.empty()) os << value;  // a static tensor's address
   return os.str();
 }
@@ -36,6 +45,49 @@ void Signature::add_value(std::string value) {
   args.push_back(std::move(a));
 }
 
+void Signature::add_aliasing(const std::vector<at::Tensor>& tensors) {
+  if (tensors.size() < 2) return;
+  // (storage, tensor index), sorted: sharing tensors are neighbours. Most calls share nothing, and this is one
+  // sort of a few pointers per call (no Python).
+  std::vector<std::pair<const c10::StorageImpl*, int32_t>> by_storage;
+  by_storage.reserve(tensors.size());
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const at::Tensor& t = tensors[k];
+    if (t.defined() && t.has_storage() && t.storage().nbytes() > 0) {
+      by_storage.emplace_back(t.storage().unsafeGetStorageImpl(), static_cast<int32_t>(k));
+    }
+  }
+  std::sort(by_storage.begin(), by_storage.end());
+  std::vector<int32_t> position;  // tensor index -> argument position, made on the first sharing found
+  for (size_t b = 0; b < by_storage.size();) {
+    size_t e = b + 1;
+    while (e < by_storage.size() && by_storage[e].first == by_storage[b].first) ++e;
+    if (e - b > 1) {
+      if (position.empty()) {
+        for (size_t a = 0; a < args.size(); ++a) {
+          if (args[a].is_tensor) position.push_back(static_cast<int32_t>(a));
+        }
+      }
+      std::vector<int32_t> members;  // tensor indices, ascending
+      for (size_t m = b; m < e; ++m) {
+        if (at::has_internal_overlap(tensors[by_storage[m].second]) == at::MemOverlap::No) {
+          members.push_back(by_storage[m].second);
+        }
+      }
+      for (size_t m = 0; members.size() > 1 && m < members.size(); ++m) {
+        ArgSignature& a = args[position[members[m]]];
+        a.strides = tensors[members[m]].strides().vec();
+        if (m > 0) a.alias_of = position[members[0]];
+      }
+    }
+    b = e;
+  }
+}
+
+bool Signature::has_aliasing() const {
+  return std::any_of(args.begin(), args.end(), [](const ArgSignature& a) { return a.alias_of >= 0; });
+}
+
 void Signature::finish() {
   size_t h = c10::get_hash(args.size(), grad_mode);
   for (const auto& a : args) {
@@ -44,6 +96,10 @@ void Signature::finish() {
                                              static_cast<int>(a.device.index())));
       for (int64_t s : a.sizes) h = c10::hash_combine(h, std::hash<int64_t>()(s));
       if (!a.value.empty()) h = c10::hash_combine(h, std::hash<std::string>()(a.value));
+      if (!a.strides.empty()) {
+        h = c10::hash_combine(h, std::hash<int64_t>()(a.alias_of));
+        for (int64_t s : a.strides) h = c10::hash_combine(h, std::hash<int64_t>()(s));
+      }
     } else {
       h = c10::hash_combine(h, std::hash<std::string>()(a.value));
     }
@@ -159,15 +215,31 @@ CallResult GraphCache::call(const Signature& call_sig, const std::vector<at::Ten
       }
     }
   }
+  // binds_inputs: the positions bound to a re-laid-out temporary, and its version after the copy in
+  std::vector<std::pair<size_t, int64_t>> relaid;
   if (exe.binds_inputs()) {
     for (size_t i = 0; i < tensors.size(); ++i) {
       if (tensors[i].strides() == c10::IntArrayRef(entry->captured_strides[i])) {
         ++result.skipped;
         continue;
       }
+      // The graph was built for the captured strides (a folded view chain replays as_strided of them), so a tensor
+      // of other strides is bound as a copy of the captured layout. A tensor the graph writes is copied back after
+      // the run; the temporary's version counter says which were written (every in-place op and copy_ bumps it, the
+      // FX fallback's too), so a graph that only reads pays nothing more. The alternatives cost more: strides in
+      // every signature would capture a graph per layout, and refusing the re-layout runs such calls eagerly. The
+      // temporary is made a normal tensor even under the caller's inference mode (an inference tensor has no version
+      // counter; in-place ops on a normal tensor inside inference mode still bump it). Outputs that view such an
+      // input view the temporary: values as eager's, but not the caller's memory (as the clones of a device graph).
+      // Tensors sharing storage with another argument are keyed with their strides (Signature::add_aliasing): they
+      // never get here, so the copy-back never reorders writes between two views of one memory.
       if (bound.empty()) bound = tensors;
-      bound[i] = at::empty_strided(tensors[i].sizes(), entry->captured_strides[i], tensors[i].options());
+      {
+        c10::InferenceMode normal_tensor(false);
+        bound[i] = at::empty_strided(tensors[i].sizes(), entry->captured_strides[i], tensors[i].options());
+      }
       bound[i].copy_(tensors[i]);
+      relaid.emplace_back(i, static_cast<int64_t>(bound[i]._version()));
       ++result.copied;
     }
     if (!bound.empty()) run_inputs = &bound;
@@ -197,6 +269,9 @@ CallResult GraphCache::call(const Signature& call_sig, const std::vector<at::Ten
   }
 
   result.outputs = exe.run(*run_inputs);
+  for (const auto& [i, version] : relaid) {
+    if (static_cast<int64_t>(bound[i]._version()) != version) tensors[i].copy_(bound[i]);  // see above
+  }
   if (options_.safe_outputs) {
     const bool fresh = exe.outputs_are_fresh();
     for (auto& v : result.outputs) {

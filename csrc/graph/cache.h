@@ -26,9 +26,15 @@ struct ArgSignature {
   at::Device device = at::Device(at::kCPU);
   std::string value;  // non-tensor: rendered by the caller: type + exact value, or type + identity; a static
                       // tensor (CacheOptions::static_positions): its data address
+  // A tensor sharing its storage with another tensor argument (Signature::add_aliasing): `alias_of` is the position
+  // of the first such argument (-1 for that first one and for tensors that share nothing), `strides` its strides
+  // (empty for tensors that share nothing).
+  int32_t alias_of = -1;
+  std::vector<int64_t> strides;
 
   bool operator==(const ArgSignature& o) const {
-    return is_tensor == o.is_tensor && sizes == o.sizes && dtype == o.dtype && device == o.device && value == o.value;
+    return is_tensor == o.is_tensor && sizes == o.sizes && dtype == o.dtype && device == o.device &&
+           value == o.value && alias_of == o.alias_of && strides == o.strides;
   }
   std::string describe() const;  // "tensor(shape=[2, 3], dtype=Float, device=cpu)" or the value
 };
@@ -44,6 +50,14 @@ struct Signature {
   static Signature of_tensor(const at::Tensor& t);  // helper for tests
   void add_tensor(const at::Tensor& t);
   void add_value(std::string value);
+  // Keys which tensor arguments share storage (`tensors`: the tensor arguments in order, as added). A graph is
+  // traced on separate buffers; replayed on one memory for two arguments, a write through one must be read through
+  // the other. Such a call is a signature of its own, keyed with the sharing tensors' strides, so its entry binds
+  // them as they are and never re-lays one out into a temporary (which would cut the sharing). A tensor whose
+  // elements overlap (expanded) is left out: the front end captures it on a dense copy, whose signature must be the
+  // call's. Call before finish().
+  void add_aliasing(const std::vector<at::Tensor>& tensors);
+  bool has_aliasing() const;
   void finish();  // computes the hash
   bool operator==(const Signature& o) const {
     return hash == o.hash && grad_mode == o.grad_mode && args == o.args;

@@ -216,9 +216,81 @@ at::Tensor HostGraph::run_view_chain(const Instruction& ins, const std::vector<c
   return result;
 }
 
+namespace {
+
+bool writes(const c10::AliasInfo* info) {
+  if (info == nullptr) return false;
+  if (info->isWrite()) return true;
+  return std::any_of(info->containedTypes().begin(), info->containedTypes().end(),
+                     [](const c10::AliasInfo& c) { return writes(&c); });
+}
+
+}  // namespace
+
+void HostGraph::find_written_inputs() {
+  // root[s]: the input that value s is (a view of), or -1
+  std::vector<int32_t> root(num_slots_, -1);
+  for (int32_t i = 0; i < num_inputs_; ++i) root[i] = i;
+  std::vector<bool> written(num_inputs_, false);
+  for (const auto& ins : instructions_) {
+    int32_t aliased = -1;  // the input the results alias
+    if (ins.views) {       // a folded view chain: a view of its root
+      if (ins.args[0].kind == ArgTemplate::Kind::Ref) aliased = root[ins.args[0].ref.slot];
+    } else {
+      const auto& schema = ins.op.schema();
+      for (size_t a = 0; a < ins.args.size() && a < schema.arguments().size(); ++a) {
+        const c10::AliasInfo* info = schema.arguments()[a].alias_info();
+        if (info == nullptr) continue;
+        std::vector<int32_t> roots;
+        if (ins.args[a].kind == ArgTemplate::Kind::Ref) roots.push_back(root[ins.args[a].ref.slot]);
+        for (const auto& e : ins.args[a].elements) {
+          if (e.is_ref) roots.push_back(root[e.ref.slot]);
+        }
+        for (int32_t r : roots) {
+          if (r < 0) continue;
+          if (writes(info)) written[r] = true;
+          if (aliased < 0) aliased = r;
+        }
+      }
+      const auto& returns = schema.returns();
+      if (std::none_of(returns.begin(), returns.end(), [](const c10::Argument& r) { return r.alias_info(); })) {
+        aliased = -1;
+      }
+    }
+    for (int32_t r = 0; r < ins.num_outputs; ++r) root[ins.first_output_slot + r] = aliased;
+  }
+  written_inputs_.clear();
+  for (int32_t i = 0; i < num_inputs_; ++i) {
+    if (written[i]) written_inputs_.push_back(i);
+  }
+}
+
+void HostGraph::set_alias_fallback(std::shared_ptr<HostGraph> graph) {
+  TORCH_CHECK(graph.get() != this && (!graph || graph->num_inputs_ == num_inputs_),
+              "fusegraph host graph: the alias fallback must be another graph of the same ", num_inputs_,
+              " inputs; got one of ", graph ? graph->num_inputs_ : 0);
+  alias_fallback_ = std::move(graph);
+}
+
+bool HostGraph::written_input_shared(const std::vector<at::Tensor>& inputs) const {
+  for (int32_t w : written_inputs_) {
+    const at::Tensor& t = inputs[w];
+    if (!t.has_storage()) continue;
+    const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+    for (size_t j = 0; j < inputs.size(); ++j) {
+      if (static_cast<int32_t>(j) != w && inputs[j].has_storage() &&
+          inputs[j].storage().unsafeGetStorageImpl() == storage) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
 void HostGraph::finalize() {
   TORCH_CHECK(!finalized_, "fusegraph host graph: finalize called twice");
   fold_view_chains();
+  find_written_inputs();
   // last use of every slot: an instruction index, or "never release" for graph outputs
   const int32_t kKeep = std::numeric_limits<int32_t>::max();
   std::vector<int32_t> last_use(num_slots_, -1);
@@ -276,6 +348,9 @@ c10::IValue HostGraph::materialize(const ArgTemplate& a, const std::vector<c10::
 }
 
 std::vector<c10::IValue> HostGraph::run(const std::vector<at::Tensor>& inputs) {
+  if (alias_fallback_ && static_cast<int32_t>(inputs.size()) == num_inputs_ && written_input_shared(inputs)) {
+    return alias_fallback_->run(inputs);
+  }
   return run_impl(inputs, nullptr, nullptr);
 }
 
@@ -340,6 +415,7 @@ std::vector<c10::IValue> HostGraph::run_impl(const std::vector<at::Tensor>& inpu
 }
 
 bool HostGraph::needs_clone(const at::Tensor& t) const {
+  if (alias_fallback_ && alias_fallback_->needs_clone(t)) return true;  // its constants, when it ran
   return t.has_storage() && constant_storages_.count(t.storage().unsafeGetStorageImpl()) > 0;
 }
 

@@ -91,6 +91,16 @@ class HostGraph final : public Executable {
   bool outputs_are_fresh() const override { return true; }
   bool needs_clone(const at::Tensor& t) const override;
 
+  // The inputs the graph writes in place, directly or through a view of them (ascending; after finalize). Read from
+  // the schemas' alias annotations: an op's results alias an input when the op returns an alias of an argument.
+  const std::vector<int32_t>& written_inputs() const { return written_inputs_; }
+  // The graph run() runs instead when an input this graph writes shares storage with another input of the call.
+  // A functionalized graph (GraphRunner's fused trace) defers its writes to its inputs to its end, which is right
+  // only while each input is its own memory; `graph` is the same function traced without functionalization (its
+  // writes in program order, as eager's).
+  void set_alias_fallback(std::shared_ptr<HostGraph> graph);
+  bool has_alias_fallback() const { return alias_fallback_ != nullptr; }
+
   size_t num_instructions() const { return instructions_.size(); }
   // Instructions that are folded view chains, and the view ops they replaced (after finalize).
   size_t num_view_chains() const;
@@ -107,6 +117,8 @@ class HostGraph final : public Executable {
   // becomes one instruction computing it from the chain's root (ViewChain).
   void fold_view_chains();
   at::Tensor run_view_chain(const Instruction& ins, const std::vector<c10::IValue>& slots) const;
+  void find_written_inputs();
+  bool written_input_shared(const std::vector<at::Tensor>& inputs) const;
 
   int32_t num_inputs_;
   int32_t num_slots_;
@@ -116,6 +128,8 @@ class HostGraph final : public Executable {
   std::unordered_set<const void*> constant_storages_;
   size_t max_args_ = 0;
   bool finalized_ = false;
+  std::vector<int32_t> written_inputs_;
+  std::shared_ptr<HostGraph> alias_fallback_;
 };
 
 // The dispatcher's handle for "aten::add" / "Tensor" (overload "" for .default); throws a clear error.

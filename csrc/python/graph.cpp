@@ -408,6 +408,12 @@ void bind_graph(py::module_& m) {
            },
            "run() that also returns each instruction's own seconds (its callBoxed) and the seconds spent "
            "releasing dead values (tensor frees): (outputs, seconds, release_seconds)")
+      .def_property_readonly("written_inputs", &fg::HostGraph::written_inputs,
+                             "The inputs the graph writes in place, directly or through a view (after finalize)")
+      .def("set_alias_fallback", &fg::HostGraph::set_alias_fallback, py::arg("graph"),
+           "The graph run() runs instead when an input this graph writes shares storage with another input: the "
+           "unfunctionalized trace of a functionalized graph (whose writes to its inputs come at its end)")
+      .def_property_readonly("has_alias_fallback", &fg::HostGraph::has_alias_fallback)
       .def_property_readonly("num_instructions", &fg::HostGraph::num_instructions)
       .def_property_readonly("num_view_chains", &fg::HostGraph::num_view_chains,
                              "Instructions that are folded view chains (each one as_strided of its root on replay)")
@@ -468,14 +474,19 @@ void bind_graph(py::module_& m) {
           },
           py::arg("leaves"), py::arg("check_drift") = false, py::arg("tensors_only") = false,
           "Replays the entry for these flat arguments, or says why not: a CallResult.")
+      // Every method that takes the cache's mutex releases the GIL first: a replay holds the mutex without the GIL
+      // and its executable may take the GIL (a Python driver's run, a Python kernel in the graph), so a thread
+      // waiting for the mutex with the GIL held would deadlock the process. Python objects are converted before.
       .def(
           "insert",
           [](fg::GraphCache& c, const py::sequence& leaves, std::vector<at::Tensor> static_inputs,
              std::shared_ptr<fg::Executable> exe, int64_t memory_bytes, py::object user) {
             std::vector<at::Tensor> tensors;
             fg::Signature sig = signature_of(leaves, &tensors);
+            std::shared_ptr<void> held = hold_py(std::move(user));
+            py::gil_scoped_release nogil;
             return c.insert(std::move(sig), std::move(static_inputs), std::move(tensors), std::move(exe),
-                            memory_bytes, hold_py(std::move(user)));
+                            memory_bytes, std::move(held));
           },
           py::arg("leaves"), py::arg("static_inputs"), py::arg("executable"), py::arg("memory_bytes"),
           py::arg("user") = py::none(), "Adds an entry; returns the ids of the entries evicted.")
@@ -483,19 +494,22 @@ void bind_graph(py::module_& m) {
            [](fg::GraphCache& c, const py::sequence& leaves, std::string reason) {
              std::vector<at::Tensor> tensors;
              fg::Signature sig = signature_of(leaves, &tensors);
+             py::gil_scoped_release nogil;
              c.record_failure(sig, std::move(reason), tensors);
            })
       .def("mismatch_error", [](fg::GraphCache& c, const py::sequence& leaves) {
         std::vector<at::Tensor> tensors;
         fg::Signature sig = signature_of(leaves, &tensors);
+        py::gil_scoped_release nogil;
         return c.mismatch_error(sig, tensors);
       })
       .def_static("describe_signature",
                   [](const py::sequence& leaves) { return signature_of(leaves, nullptr).describe(); })
-      .def("clear", &fg::GraphCache::clear)
-      .def("__len__", &fg::GraphCache::size)
-      .def("entry_ids", &fg::GraphCache::entry_ids)
-      .def_property_readonly("memory_bytes", &fg::GraphCache::memory_bytes,
+      .def("clear", &fg::GraphCache::clear, py::call_guard<py::gil_scoped_release>())
+      .def("__len__", &fg::GraphCache::size, py::call_guard<py::gil_scoped_release>())
+      .def("entry_ids", &fg::GraphCache::entry_ids, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("memory_bytes",
+                             py::cpp_function(&fg::GraphCache::memory_bytes, py::call_guard<py::gil_scoped_release>()),
                              "Measured memory of this cache's resident entries.")
       .def_property_readonly("counters", &fg::GraphCache::counters, "The Counters this cache counts into.");
 }

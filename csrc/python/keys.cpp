@@ -119,6 +119,7 @@ Keyed key_leaves(const py::sequence& leaves, bool tensors_only) {
     ++pos;
   }
   if (!held.empty()) k.sig.held = hold_py(std::move(held));
+  k.sig.add_aliasing(k.tensors);
   k.sig.finish();
   return k;
 }

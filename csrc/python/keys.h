@@ -22,7 +22,8 @@ struct Keyed {
   bool keyed() const { return status == graph::LookupStatus::Miss; }
 };
 
-// Keys a call's flat arguments: tensors by shape, dtype and device; immutable values by value; modules,
+// Keys a call's flat arguments: tensors by shape, dtype and device (and, for tensors sharing storage, which they
+// share and their strides: Signature::add_aliasing); immutable values by value; modules,
 // functions and the like by identity (held); anything else (numpy arrays, mutable or unknown objects, whose
 // repr may be truncated or hide the state the function reads) is not keyed: the call runs uncaptured.
 // Tensors that are subclasses (a __torch_function__ override the graph would drop) or that require grad

@@ -87,21 +87,132 @@ def trace_fused(fn, tensors, fusion_patterns, *, verify=False):
     from ..fusion import passes
 
     plain = trace_aten(fn, tensors)
+    # Tensors fn holds and writes in place (a module's KV cache buffer) are constants of the trace; functionalization
+    # cannot write a constant (an internal assert: "mutating a non-functional tensor with a functional tensor"), so
+    # they are traced as extra inputs, whose writes it can, and made constants of the fused graph again.
+    lifted, state = _lift_written_constants(plain)
     with torch.no_grad():
-        gm = make_fx(torch.func.functionalize(plain, remove="mutations"), tracing_mode="real",
-                     decomposition_table=passes.decompositions())(*tensors)
+        try:
+            gm = make_fx(torch.func.functionalize(lifted, remove="mutations"), tracing_mode="real",
+                         decomposition_table=passes.decompositions())(*tensors, *state)
+        except RuntimeError as e:
+            if "mutating a non-functional tensor" not in str(e):
+                raise
+            raise RuntimeError(f"functionalization cannot trace an in-place write to a tensor fn holds (not an input) "
+                               f"in {_writes_of(plain) or 'the function'}") from None
         # one fake mode for every node's "val" (the patterns' checks compare them; make_fx's real mode makes one
         # fake mode per node)
         mode = FakeTensorMode(allow_non_fake_inputs=True)
-        FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*[mode.from_tensor(t) for t in tensors])
+        FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*[mode.from_tensor(t) for t in (*tensors, *state)])
+    _constants_again(gm, len(tensors), state)
     counts = passes.fuse_graph(gm, fusion_patterns, stats=None, verify_inputs=list(tensors) if verify else None,
                                reshape_views=True)
+    # Functionalized, the graph writes its inputs at its end (copy_ of each input's final value), right only while
+    # no two inputs share memory: ``build_host_graph`` builds the plain trace beside it for calls where they do.
+    gm.meta[UNFUSED] = plain
     return (gm if any(counts.values()) else None), counts, plain
+
+
+def _aliases_first_argument(n) -> bool:
+    target = single_overload(n.target) if n.op == "call_function" else None
+    return target is not None and any(r.alias_info is not None for r in target._schema.returns) and bool(n.args)
+
+
+def _written(gm):
+    """(node, written argument node) for each in-place write in ``gm`` (schema alias annotations)."""
+    for n in gm.graph.nodes:
+        target = single_overload(n.target) if n.op == "call_function" else None
+        if target is None or not target._schema.is_mutable:
+            continue
+        for i, arg in enumerate(target._schema.arguments):
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            value = n.args[i] if i < len(n.args) and not arg.kwarg_only else n.kwargs.get(arg.name)
+            for v in (value if isinstance(value, (list, tuple)) else [value]):
+                if isinstance(v, torch.fx.Node):
+                    yield n, v
+
+
+def _writes_of(gm) -> str:
+    """The ops of ``gm`` that write a constant (a get_attr tensor, or a view of one), named for an error."""
+    names = []
+    for n, v in _written(gm):
+        while _aliases_first_argument(v) and isinstance(v.args[0], torch.fx.Node):
+            v = v.args[0]
+        if v.op == "get_attr" and str(n.target) not in names:
+            names.append(str(n.target))
+    return ", ".join(names)
+
+
+def _lift_written_constants(plain):
+    """(graph, tensors): ``plain`` with each constant tensor it writes in place (directly or through a view) made an
+    extra input after its own, and those tensors; ``plain`` itself when it writes none."""
+    roots = []
+    for _, v in _written(plain):
+        while _aliases_first_argument(v) and isinstance(v.args[0], torch.fx.Node):
+            v = v.args[0]
+        if v.op == "get_attr" and v not in roots:
+            roots.append(v)
+    if not roots:
+        return plain, []
+    graph = torch.fx.Graph()
+    env: dict = {}
+    out = graph.graph_copy(plain.graph, env)
+    last = [n for n in graph.nodes if n.op == "placeholder"]
+    state = []
+    for k, root in enumerate(roots):
+        obj = plain
+        for part in root.target.split("."):
+            obj = getattr(obj, part)
+        state.append(obj)
+        copy = env[root]
+        with graph.inserting_after(last[-1] if last else None):
+            p = graph.placeholder(f"fusegraph_state_{k}")
+        last.append(p)
+        copy.replace_all_uses_with(p)
+        graph.erase_node(copy)
+    graph.output(out)
+    return torch.fx.GraphModule(plain, graph), state  # plain's constants, shared
+
+
+def _constants_again(gm, num_inputs: int, state) -> None:
+    """The inputs past ``num_inputs`` of ``gm`` (``_lift_written_constants``'s) made constants (get_attr) again: the
+    functionalized graph's final ``copy_`` into them writes the tensors fn holds, as fn did."""
+    placeholders = gm.graph.find_nodes(op="placeholder")[num_inputs:]
+    for k, (p, t) in enumerate(zip(placeholders, state)):
+        name = f"_fusegraph_state_{k}"
+        gm.register_buffer(name, t, persistent=False)  # the tensor itself: its writes are fn's
+        with gm.graph.inserting_before(p.next):
+            attr = gm.graph.get_attr(name)
+        attr.meta = dict(p.meta)
+        p.replace_all_uses_with(attr)
+        gm.graph.erase_node(p)
+    if state:
+        gm.graph.lint()
+        gm.recompile()
+
+
+# ``gm.meta`` key of a fused (functionalized) graph: the plain trace of the same call (``trace_fused``)
+UNFUSED = "fusegraph_unfused"
 
 
 def build_host_graph(gm: torch.fx.GraphModule) -> HostGraph:
     """The C++ host graph of ``gm`` (placeholders are its tensor inputs, in order; its output a flat list or
-    tuple). Raises ``Unsupported`` naming the first node it cannot represent."""
+    tuple). Raises ``Unsupported`` naming the first node it cannot represent. A fused graph of ``trace_fused`` that
+    writes its inputs also holds the host graph of the plain trace, run instead on a call where an input it writes
+    shares storage with another input (``HostGraph.set_alias_fallback``)."""
+    graph = _build(gm)
+    plain = gm.meta.get(UNFUSED)
+    if plain is not None and graph.written_inputs:
+        try:
+            graph.set_alias_fallback(_build(plain))
+        except Unsupported as e:  # then no graph of this call is right for inputs sharing memory
+            raise Unsupported(f"the unfused trace of a graph that writes its inputs: {e}") from e
+    return graph
+
+
+def _build(gm: torch.fx.GraphModule) -> HostGraph:
+    """``build_host_graph`` of one graph."""
     nodes = list(gm.graph.nodes)
     placeholders = [n for n in nodes if n.op == "placeholder"]
     graph = HostGraph(len(placeholders))
