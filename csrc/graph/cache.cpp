@@ -313,7 +313,7 @@ std::vector<uint64_t> GraphCache::insert(Signature call_sig, std::vector<at::Ten
     order_.erase(old->second);
     index_.erase(old);
   }
-  if (!first_signature_) first_signature_ = std::make_unique<Signature>(sig);
+  if (!options_.recapture && !first_signature_) first_signature_ = std::make_unique<Signature>(sig);
   if (!order_.empty()) counters_->add(Count::recaptures, 1);  // a capture for a further signature
   entry->signature = sig;
   order_.push_back(entry);
@@ -348,7 +348,7 @@ void GraphCache::record_failure(const Signature& call_sig, std::string reason,
                                 const std::vector<at::Tensor>& tensors) {
   const Signature sig = keyed(call_sig, tensors);
   std::lock_guard<std::recursive_mutex> lock(mutex_);
-  if (!first_signature_) first_signature_ = std::make_unique<Signature>(sig);
+  if (!options_.recapture && !first_signature_) first_signature_ = std::make_unique<Signature>(sig);
   if (failed_.emplace(sig, std::move(reason)).second) failed_order_.push_back(sig);
   while (options_.max_failed > 0 && static_cast<int64_t>(failed_order_.size()) > options_.max_failed) {
     failed_.erase(failed_order_.front());
@@ -388,6 +388,8 @@ void GraphCache::clear() {
   order_.clear();
   failed_.clear();
   failed_order_.clear();
+  // recapture=false: the next capture is the first again. (Only kept then: a signature holds its module arguments.)
+  first_signature_.reset();
   add_memory(-memory_bytes_);
 }
 

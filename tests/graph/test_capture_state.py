@@ -125,14 +125,14 @@ def test_module_arguments_of_evicted_entries_are_not_kept_alive():
             del layer
     gc.collect()
     assert r.num_entries == 2
-    # the two resident entries hold theirs; the cache's first signature (recapture=False's reference) holds the
-    # first; the guards hold none
-    assert [ref() is not None for ref in refs[1:-2]] == [False] * 5
+    # the two resident entries hold theirs; the guards hold none (nor the cache's first signature: only
+    # graph_recapture=False keeps it)
+    assert [ref() is not None for ref in refs[:-2]] == [False] * 6
     assert len(r._arg_guards) == 2
     r.clear()
     gc.collect()
     assert r._arg_guards == {}
-    assert sum(ref() is not None for ref in refs[1:]) == 0
+    assert sum(ref() is not None for ref in refs) == 0
 
 
 def test_module_argument_guard_still_drops_graphs_after_a_replaced_weight():
