@@ -5,8 +5,13 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 #include <torch/headeronly/version.h>
+#include <caffe2/serialize/inline_container.h>
+// crc32_fast: defined here, in this one translation unit (the header holds the definitions; libtorch's are hidden)
+#include <caffe2/serialize/crc_alt.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <memory>
 #include <sstream>
 #include <tuple>
 
@@ -37,6 +42,21 @@ struct DimSpec {
   int64_t lo = 0, hi = -1;      // hi -1: unbounded; lo == hi for a static dim
 };
 
+// A number of the package's metadata; a malformed one is an error naming the field and the text (std::stoll's own
+// says only "stoll").
+int64_t number(const std::string& text, const std::string& field, const char* expected) {
+  size_t used = 0;
+  int64_t value = 0;
+  try {
+    value = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  TORCH_CHECK(!text.empty() && used == text.size(), "fusegraph.aot: malformed ", field,
+              " in the package's metadata: '", text, "' is not an integer; expected ", expected);
+  return value;
+}
+
 DimSpec parse_dim(const std::string& text) {
   DimSpec d;
   d.text = text;
@@ -49,18 +69,20 @@ DimSpec parse_dim(const std::string& text) {
                 "fusegraph.aot: malformed dim '", text, "' in the package's metadata; expected symbol*coef+offset=lo:hi");
     d.form = form;
     d.symbol = form.substr(0, star);
-    d.coef = std::stoll(form.substr(star + 1, plus - star - 1));
-    d.offset = std::stoll(form.substr(plus + 1));
+    const char* form_text = "symbol*coef+offset=lo:hi";
+    d.coef = number(form.substr(star + 1, plus - star - 1), "dim '" + text + "'", form_text);
+    d.offset = number(form.substr(plus + 1), "dim '" + text + "'", form_text);
     range = text.substr(eq + 1);
     d.text = range;
   }
   const auto colon = range.find(':');
+  const char* range_text = "a size, or lo:hi (hi an integer or inf)";
   if (colon == std::string::npos) {
-    d.lo = d.hi = std::stoll(range);
+    d.lo = d.hi = number(range, "dim '" + text + "'", range_text);
   } else {
     const std::string hi = range.substr(colon + 1);
-    d.lo = std::stoll(range.substr(0, colon));
-    d.hi = hi == "inf" ? -1 : std::stoll(hi);
+    d.lo = number(range.substr(0, colon), "dim '" + text + "'", range_text);
+    d.hi = hi == "inf" ? -1 : number(hi, "dim '" + text + "'", range_text);
   }
   return d;
 }
@@ -100,7 +122,9 @@ std::string shape_text(const std::vector<DimSpec>& dims) {
 std::vector<int64_t> layout_strides(const std::string& layout, at::IntArrayRef sizes, const std::string& name) {
   if (layout.rfind("s:", 0) == 0) {
     std::vector<int64_t> strides;
-    for (const std::string& v : split(layout.substr(2), ',')) strides.push_back(std::stoll(v));
+    for (const std::string& v : split(layout.substr(2), ',')) {
+      strides.push_back(number(v, "layout '" + layout + "' of input '" + name + "'", "s:stride,stride,..."));
+    }
     TORCH_CHECK(strides.size() == sizes.size(), "fusegraph.aot: input '", name, "' has layout '", layout,
                 "' in the package's metadata, for ", strides.size(), " dims; the input has ", sizes.size());
     return strides;
@@ -151,6 +175,15 @@ std::string dtype_name(at::ScalarType t) {
 }
 
 std::string package_problems(const Metadata& m, const std::string& path) {
+  std::vector<std::string> flags;
+  for (const auto& [name, value] : at::cpu::get_cpu_capabilities()) {
+    if (value.isBool() && value.toBool()) flags.push_back(name);
+  }
+  return package_problems_for_cpu(m, path, flags);
+}
+
+std::string package_problems_for_cpu(const Metadata& m, const std::string& path,
+                                    const std::vector<std::string>& cpu_flags) {
   std::ostringstream why;
   if (get(m, "fusegraph.torch").empty()) {
     why << path << " was not made by fusegraph.aot.package (its metadata has no fusegraph.torch)\n";
@@ -162,11 +195,11 @@ std::string package_problems(const Metadata& m, const std::string& path) {
         << ": make the package again with this torch\n";
   }
   if (get(m, "fusegraph.device") == "cpu") {
-    auto caps = at::cpu::get_cpu_capabilities();
     std::string missing;
     for (const std::string& flag : split(get(m, "fusegraph.cpu_flags"), ',')) {
-      auto it = caps.find(flag);
-      if (it == caps.end() || !it->second.isBool() || !it->second.toBool()) missing += (missing.empty() ? "" : ", ") + flag;
+      if (std::find(cpu_flags.begin(), cpu_flags.end(), flag) == cpu_flags.end()) {
+        missing += (missing.empty() ? "" : ", ") + flag;
+      }
     }
     if (!missing.empty()) {
       why << path << "'s code was compiled for a CPU with " << missing << ", which this CPU lacks: make the "
@@ -234,5 +267,70 @@ std::vector<at::Tensor> prepare_inputs(const Metadata& m, const std::vector<at::
 }
 
 void check_inputs(const Metadata& m, const std::vector<at::Tensor>& inputs) { prepare_inputs(m, inputs); }
+
+std::string package_file_problems(const std::string& path, bool weights) {
+  using caffe2::serialize::PyTorchStreamReader;
+  const std::string damaged = path + " is damaged: ";
+  std::unique_ptr<PyTorchStreamReader> reader;
+  try {
+    reader = std::make_unique<PyTorchStreamReader>(path);
+  } catch (const c10::Error& e) {
+    if (FILE* f = std::fopen(path.c_str(), "rb")) {
+      std::fclose(f);
+      return path + " is not a whole .pt2 package (a zip archive; one cut short?): " + e.what_without_backtrace() +
+             "\n";
+    }
+    return "no package at " + path + " (cannot open it)\n";
+  }
+  const std::string list = "extra/fusegraph.files";
+  std::string current = list;  // the file being read, for an error from the reader
+  try {
+    if (!reader->hasRecord(list)) return "";  // a package from before the list
+    auto [data, size] = reader->getRecord(list);
+    const std::string manifest(static_cast<const char*>(data.get()), size);
+    std::unordered_map<std::string, std::string> records;  // file name -> the record's name in the archive
+    for (const std::string& record : reader->getAllRecords()) {
+      const auto slash = record.rfind('/');
+      records.emplace(slash == std::string::npos ? record : record.substr(slash + 1), record);
+    }
+    std::vector<char> buf(size_t{4} << 20);
+    for (const std::string& line : split(manifest, '\n')) {
+      if (line.empty()) continue;
+      const auto a = line.find(' '), b = a == std::string::npos ? a : line.find(' ', a + 1);
+      const std::string malformed =
+          damaged + "its " + list + " has the line '" + line + "'; expected 'crc32 size name'\n";
+      if (b == std::string::npos) return malformed;
+      const std::string name = line.substr(b + 1);
+      uint32_t want_crc = 0;
+      size_t want_size = 0;
+      try {
+        want_crc = static_cast<uint32_t>(std::stoul(line.substr(0, a), nullptr, 16));
+        want_size = std::stoull(line.substr(a + 1, b - a - 1));
+      } catch (const std::exception&) {
+        return malformed;
+      }
+      auto it = records.find(name);
+      if (it == records.end()) return damaged + "its file " + name + " is missing (the package was written with it)\n";
+      current = it->second;
+      const size_t got_size = reader->getRecordSize(current);
+      if (got_size != want_size) {
+        return damaged + "its file " + current + " has " + std::to_string(got_size) + " bytes; the package was " +
+               "written with " + std::to_string(want_size) + "\n";
+      }
+      if (!weights && name.size() > 5 && name.compare(name.size() - 5, 5, ".blob") == 0) continue;
+      uint32_t crc = 0;
+      auto chunks = reader->createChunkReaderIter(current, got_size, buf.size());
+      for (size_t n; (n = chunks.next(buf.data())) > 0;) crc = crc32_fast(buf.data(), n, crc);
+      if (crc != want_crc) {
+        char text[64];
+        std::snprintf(text, sizeof(text), "CRC-32 %08x; the package was written with %08x", crc, want_crc);
+        return damaged + "its file " + current + " reads back with " + text + "\n";
+      }
+    }
+  } catch (const c10::Error& e) {
+    return damaged + "its file " + current + " does not read back: " + e.what_without_backtrace() + "\n";
+  }
+  return "";
+}
 
 }  // namespace fusegraph::aot

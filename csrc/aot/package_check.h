@@ -3,9 +3,10 @@
 // runs, from the metadata the package carries (AOTIModelPackageLoader::get_metadata(); written by fusegraph/aot.py):
 //   fusegraph.torch      "2.13"                   the torch (major.minor) that compiled it
 //   fusegraph.device     "cpu" | "cuda"
-//   fusegraph.cpu_flags  "avx2,avx512_f,..."      the compiling CPU's instruction sets (cpuinfo's names, as
-//                                                 at::cpu::get_cpu_capabilities() reports them); Inductor's C++
-//                                                 code is built for that CPU (-march=native unless told otherwise)
+//   fusegraph.cpu_flags  "avx2,avx512_f,..."      the instruction sets the package's code may use (cpuinfo's names,
+//                                                 as at::cpu::get_cpu_capabilities() reports them): those of the
+//                                                 x86-64 level cpp.march named (x86-64-v3: AVX2, FMA, ...), else the
+//                                                 compiling CPU's (Inductor builds with -march=native)
 //   fusegraph.ops        "fusegraph::rms_norm,..." the operators its extern nodes call through the proxy executor
 //   fusegraph.inputs     one entry per flat input, ';'-separated: name|dtype|device|dims|layout. A dim is an int,
 //                        or a dynamic dim "sym*coef+offset=lo:hi": the exported symbol it is a linear form of
@@ -26,6 +27,19 @@ using Metadata = std::unordered_map<std::string, std::string>;
 
 // Every reason this process cannot run the package, one per line; empty when it can. `path` names the package.
 std::string package_problems(const Metadata& metadata, const std::string& path);
+
+// The same, with the CPU's instruction sets given (cpuinfo's names, those it has): what package_problems checks
+// against at::cpu::get_cpu_capabilities(); a test gives another CPU's.
+std::string package_problems_for_cpu(const Metadata& metadata, const std::string& path,
+                                    const std::vector<std::string>& cpu_flags);
+
+// Why the package file at `path` is not whole, naming the package and its file; empty when it is: readable as a zip
+// archive, and every file its extra/fusegraph.files lists ("crc32 size name" lines, written by fusegraph.aot.package:
+// AOTInductor's shared object, metadata and weights blob) present, of that size and CRC-32. A damaged shared object
+// would crash the process that loads it, a damaged weights blob compute garbage. Reads every listed file in full (the
+// loader extracts each of them anyway); `weights` false leaves the weights blob's bytes unread (its size is checked):
+// its CRC costs about half what the load itself does. A package without the list (made before it) is not checked.
+std::string package_file_problems(const std::string& path, bool weights = true);
 
 // The flat inputs (in the package's order) as the package's code must get them: each checked against
 // fusegraph.inputs (dtype, device, shape, a dynamic dim's range and the symbols inputs share), and one laid out
