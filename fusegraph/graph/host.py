@@ -146,7 +146,17 @@ def _writes_of(gm) -> str:
 
 def _lift_written_constants(plain):
     """(graph, tensors): ``plain`` with each constant tensor it writes in place (directly or through a view) made an
-    extra input after its own, and those tensors; ``plain`` itself when it writes none."""
+    extra input after its own, and those tensors; ``plain`` itself when it writes none. make_fx gives each access to a
+    constant a get_attr node of its own (``_tensor_constant0``, ``_tensor_constant0_1``: a KV cache written through
+    a slice, then read): every node of a written tensor becomes the same input, or functionalization would order
+    the read before the write. A constant that is another tensor on a written one's memory (a view held apart)
+    cannot be lifted with it: fusion is refused for such a graph (the plain trace runs)."""
+    def value(node):
+        obj = plain
+        for part in node.target.split("."):
+            obj = getattr(obj, part)
+        return obj
+
     roots = []
     for _, v in _written(plain):
         while _aliases_first_argument(v) and isinstance(v.args[0], torch.fx.Node):
@@ -155,21 +165,37 @@ def _lift_written_constants(plain):
             roots.append(v)
     if not roots:
         return plain, []
+    state = []
+    for root in roots:
+        obj = value(root)
+        if not any(obj is t for t in state):
+            state.append(obj)
+    storages = {t.untyped_storage().data_ptr(): t for t in state if isinstance(t, torch.Tensor)}
+    uses = {}  # get_attr node -> index into state
+    for node in plain.graph.find_nodes(op="get_attr"):
+        obj = value(node)
+        if not isinstance(obj, torch.Tensor):
+            continue
+        k = next((i for i, t in enumerate(state) if t is obj), None)
+        if k is None:
+            if obj.untyped_storage().data_ptr() in storages:
+                raise RuntimeError(f"functionalization cannot trace an in-place write to a tensor fn holds (not an "
+                                   f"input) that another constant ({node.target}) views")
+            continue
+        uses[node] = k
     graph = torch.fx.Graph()
     env: dict = {}
     out = graph.graph_copy(plain.graph, env)
     last = [n for n in graph.nodes if n.op == "placeholder"]
-    state = []
-    for k, root in enumerate(roots):
-        obj = plain
-        for part in root.target.split("."):
-            obj = getattr(obj, part)
-        state.append(obj)
-        copy = env[root]
+    placeholders = []
+    for k in range(len(state)):
         with graph.inserting_after(last[-1] if last else None):
             p = graph.placeholder(f"fusegraph_state_{k}")
         last.append(p)
-        copy.replace_all_uses_with(p)
+        placeholders.append(p)
+    for node, k in uses.items():
+        copy = env[node]
+        copy.replace_all_uses_with(placeholders[k])
         graph.erase_node(copy)
     graph.output(out)
     return torch.fx.GraphModule(plain, graph), state  # plain's constants, shared

@@ -186,3 +186,33 @@ def test_module_writing_its_buffer_keeps_fusion():
             torch.testing.assert_close(block.cache, eager.cache)  # written once per call, as eagerly
     assert not r.stats.fallbacks, r.stats.fallbacks
     assert r.stats.patterns["gelu"] >= 1
+
+
+class SliceKV(torch.nn.Module):
+    """The usual KV-cache step: write a slice of the buffer, then read the buffer (make_fx gives the write and the
+    read get_attr nodes of their own)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("k", torch.zeros(1, 16, 8))
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x, pos: int):
+        self.k[:, pos:pos + 1] = self.lin(x)
+        return F.gelu(self.k[:, :pos + 1].sum(1), approximate="tanh")
+
+
+def test_module_writing_a_slice_of_its_buffer_then_reading_it_keeps_fusion():
+    """Every get_attr of the written buffer becomes the one lifted input: the fused graph reads what the write left
+    (it read the buffer before the write when only the written node was lifted)."""
+    torch.manual_seed(0)
+    block, eager = SliceKV(), SliceKV()
+    eager.load_state_dict(block.state_dict())
+    r = GraphRunner(block)
+    with torch.no_grad():
+        for step in range(3):
+            x = torch.randn(1, 1, 8)
+            torch.testing.assert_close(r(x, step), eager(x, step), rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(block.k, eager.k)
+    assert not r.stats.fallbacks, r.stats.fallbacks
+    assert r.stats.patterns["gelu"] >= 1
