@@ -45,8 +45,31 @@ void Signature::add_value(std::string value) {
   args.push_back(std::move(a));
 }
 
-void Signature::add_aliasing(const std::vector<at::Tensor>& tensors) {
-  if (tensors.size() < 2) return;
+namespace {
+
+// No two elements of `t` share an address: ATen's quick check, or, where it cannot tell (a column slice, a chunk
+// of the last dim), the dims of size > 1 sorted by stride each stepping past the whole extent of the ones inside
+// it. Exact for every layout a slice, chunk, transpose or permute makes; false for an expanded (stride-0) view.
+bool free_of_overlap(const at::Tensor& t) {
+  const at::MemOverlap quick = at::has_internal_overlap(t);
+  if (quick != at::MemOverlap::TooHard) return quick == at::MemOverlap::No;
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size)
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) > 1) dims.emplace_back(t.stride(d), t.size(d));
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t extent = 1;  // elements spanned by the dims inside
+  for (const auto& [stride, size] : dims) {
+    if (stride < extent) return false;
+    extent = stride * size;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool Signature::add_aliasing(const std::vector<at::Tensor>& tensors) {
+  if (tensors.size() < 2) return true;
   // (storage, tensor index), sorted: sharing tensors are neighbours. Most calls share nothing, and this is one
   // sort of a few pointers per call (no Python).
   std::vector<std::pair<const c10::StorageImpl*, int32_t>> by_storage;
@@ -70,9 +93,8 @@ void Signature::add_aliasing(const std::vector<at::Tensor>& tensors) {
       }
       std::vector<int32_t> members;  // tensor indices, ascending
       for (size_t m = b; m < e; ++m) {
-        if (at::has_internal_overlap(tensors[by_storage[m].second]) == at::MemOverlap::No) {
-          members.push_back(by_storage[m].second);
-        }
+        if (!free_of_overlap(tensors[by_storage[m].second])) return false;
+        members.push_back(by_storage[m].second);
       }
       for (size_t m = 0; members.size() > 1 && m < members.size(); ++m) {
         ArgSignature& a = args[position[members[m]]];
@@ -82,6 +104,7 @@ void Signature::add_aliasing(const std::vector<at::Tensor>& tensors) {
     }
     b = e;
   }
+  return true;
 }
 
 bool Signature::has_aliasing() const {

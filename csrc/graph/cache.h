@@ -53,10 +53,11 @@ struct Signature {
   // Keys which tensor arguments share storage (`tensors`: the tensor arguments in order, as added). A graph is
   // traced on separate buffers; replayed on one memory for two arguments, a write through one must be read through
   // the other. Such a call is a signature of its own, keyed with the sharing tensors' strides, so its entry binds
-  // them as they are and never re-lays one out into a temporary (which would cut the sharing). A tensor whose
-  // elements overlap (expanded) is left out: the front end captures it on a dense copy, whose signature must be the
-  // call's. Call before finish().
-  void add_aliasing(const std::vector<at::Tensor>& tensors);
+  // them as they are and never re-lays one out into a temporary (which would cut the sharing). Returns false when
+  // a tensor sharing storage with another may overlap itself (an expanded view, or a layout not provably free of
+  // overlap): the front end would capture it on a dense copy, cutting the sharing, so such a call is not captured.
+  // Call before finish().
+  bool add_aliasing(const std::vector<at::Tensor>& tensors);
   bool has_aliasing() const;
   void finish();  // computes the hash
   bool operator==(const Signature& o) const {

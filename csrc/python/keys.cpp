@@ -119,7 +119,12 @@ Keyed key_leaves(const py::sequence& leaves, bool tensors_only) {
     ++pos;
   }
   if (!held.empty()) k.sig.held = hold_py(std::move(held));
-  k.sig.add_aliasing(k.tensors);
+  if (!k.sig.add_aliasing(k.tensors)) {
+    k.status = fg::LookupStatus::Unkeyable;
+    k.why = "tensor arguments share memory and one of them overlaps itself (an expanded view): a graph captured on "
+            "a dense copy would cut the sharing";
+    return k;
+  }
   k.sig.finish();
   return k;
 }

@@ -165,8 +165,11 @@ class GraphRunner:
             if res.status is _Status.SpecialTensor:
                 return self._special(leaves, in_spec, args, kwargs)
             if res.status is _Status.Unkeyable:
-                return self._eager(f"{res.failure}: only tensors, immutable values (numbers, strings, dtypes...) and "
-                                   "modules/functions (by identity) key a graph; pass it as a tensor", args, kwargs)
+                if res.failure.startswith("argument "):  # an argument of a type that keys nothing
+                    return self._eager(f"{res.failure}: only tensors, immutable values (numbers, strings, dtypes...) "
+                                       "and modules/functions (by identity) key a graph; pass it as a tensor",
+                                       args, kwargs)
+                return self._eager(res.failure, args, kwargs)
             return self._finish(res, leaves, in_spec, args, kwargs)
 
     def _check_ranks(self, args, kwargs) -> None:
@@ -343,7 +346,7 @@ class GraphRunner:
             o = GraphOptions(**{**o.__dict__, "graph_lazy_capture": lazy})
         # Static buffers must be plain dense tensors whatever the first caller passed: an input whose elements
         # overlap (an expanded, stride-0 view) is captured on a dense copy, so later inputs can be copied in.
-        dense = [t.contiguous() if internal_overlap(t) != 0 else t for t in tensors]
+        dense = [t if _free_of_overlap(t) else t.contiguous() for t in tensors]
         if any(d is not t for d, t in zip(dense, tensors)):
             it = iter(dense)
             leaves = [next(it) if isinstance(x, torch.Tensor) else x for x in leaves]
@@ -531,6 +534,22 @@ class GraphRunner:
         with self._lock:
             self._cache.clear()
             self._forget_arg_guards()
+
+
+def _free_of_overlap(t: torch.Tensor) -> bool:
+    """No two elements of ``t`` share an address (as ``cache.cpp``'s ``free_of_overlap``, which keys inputs that share
+    storage): ATen's quick check, or where it cannot tell (a column slice, a chunk of the last dim) the dims of size
+    > 1 sorted by stride each stepping past the extent of those inside it. A strided slice is captured as it is: a
+    dense copy would cut its sharing with another input (q, k, v chunks of one tensor)."""
+    quick = internal_overlap(t)
+    if quick != 2:
+        return quick == 0
+    extent = 1
+    for stride, size in sorted((t.stride(d), t.size(d)) for d in range(t.dim()) if t.size(d) > 1):
+        if stride < extent:
+            return False
+        extent = stride * size
+    return True
 
 
 @contextlib.contextmanager
