@@ -30,8 +30,13 @@ namespace {
 // One dict lookup and a pointer compare per slot, GIL held.
 class SlotGuard {
  public:
-  void add(py::dict dict, py::object key, py::object value) {
-    Slot s{std::move(dict), std::move(key), std::move(value), nullptr, 0};
+  // `container`: a dict (key: any key) or a list (key: an index, a list item holding a module: `LAYERS[0] = other`).
+  void add(py::object container, py::object key, py::object value) {
+    const bool is_list = PyList_Check(container.ptr());
+    if (!is_list && !PyDict_Check(container.ptr())) {
+      throw py::type_error("SlotGuard.add: container must be a dict or a list");
+    }
+    Slot s{std::move(container), std::move(key), std::move(value), nullptr, 0, is_list};
     if (THPVariable_Check(s.value.ptr())) {
       const at::Tensor& t = THPVariable_Unpack(s.value.ptr());
       if (t.has_storage()) s.storage = t.storage().unsafeGetStorageImpl();
@@ -42,8 +47,14 @@ class SlotGuard {
   // The first slot that changed ("" when none): its key.
   std::string changed() const {
     for (const Slot& s : slots_) {
-      PyObject* now = PyDict_GetItemWithError(s.dict.ptr(), s.key.ptr());
-      if (now == nullptr && PyErr_Occurred()) throw py::error_already_set();
+      PyObject* now;
+      if (s.is_list) {
+        const Py_ssize_t i = PyLong_AsSsize_t(s.key.ptr());
+        now = (i >= 0 && i < PyList_GET_SIZE(s.dict.ptr())) ? PyList_GET_ITEM(s.dict.ptr(), i) : nullptr;
+      } else {
+        now = PyDict_GetItemWithError(s.dict.ptr(), s.key.ptr());
+        if (now == nullptr && PyErr_Occurred()) throw py::error_already_set();
+      }
       if (now != s.value.ptr()) return std::string(py::str(s.key));
       if (s.storage != nullptr) {
         const at::Tensor& t = THPVariable_Unpack(now);
@@ -58,9 +69,10 @@ class SlotGuard {
 
  private:
   struct Slot {
-    py::object dict, key, value;
+    py::object dict, key, value;  // dict: the container (a dict or a list)
     const c10::StorageImpl* storage;
     int64_t offset;
+    bool is_list;
   };
   std::vector<Slot> slots_;
 };
@@ -356,7 +368,7 @@ void bind_graph(py::module_& m) {
   py::class_<SlotGuard, std::shared_ptr<SlotGuard>>(
       m, "SlotGuard", "Per-call check that a module tree's parameters, buffers and submodules were not replaced.")
       .def(py::init<>())
-      .def("add", &SlotGuard::add, py::arg("dict"), py::arg("key"), py::arg("value"))
+      .def("add", &SlotGuard::add, py::arg("container"), py::arg("key"), py::arg("value"))
       .def("changed", &SlotGuard::changed, "The key of the first slot whose object or storage changed, or ''.")
       .def("__len__", &SlotGuard::size);
 

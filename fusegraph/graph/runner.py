@@ -364,9 +364,11 @@ class GraphRunner:
         try:
             # real tensors only: a compile-time capture runs inside aot_autograd, whose FakeTensorMode would
             # turn the graph's own factory ops (a graph of constants, like Mochi's position tables) into fakes.
-            # The generators are put back afterwards, as the state is: the capture's runs draw random numbers,
-            # the call's own draw is the replay's, so a seeded call and everything after it match eager.
-            with capture_lock(), fx_tracing_window("capture"), unset_fake_temporarily(), state, _rng_preserved():
+            # The generators are put back afterwards, as the state is, when the captured graph draws random numbers:
+            # the capture's runs drew, the call's own draw is the replay's, so a seeded call and everything after it
+            # match eager. (Only then: another thread drawing meanwhile would be rewound too.)
+            with capture_lock(), fx_tracing_window("capture"), unset_fake_temporarily(), state, \
+                    _rng_preserved() as rng:
                 graph = self._aten_graph if in_spec is None else None
                 if self._symbolic_aten_graph and not kwargs and len(leaves) == len(args) + 1:
                     graph = specialize(self.fn, leaves[:-1])  # None: the driver traces this call instead
@@ -380,6 +382,7 @@ class GraphRunner:
                                          alternative=plain if graph is not None else None)
                 else:
                     cap = driver.capture(flat_fn, tensors, o, graph=graph, static=self._static)
+                rng["restore"] = _draws_random(cap.info.get("gm") if cap.info.get("gm") is not None else graph)
                 if counts is not None:
                     self.stats.add_patterns(counts)
                     if cap.info.get("chose") == "plain":  # the unfused trace replayed faster: its sites unused
@@ -552,9 +555,23 @@ def _free_of_overlap(t: torch.Tensor) -> bool:
     return True
 
 
+def _draws_random(gm) -> bool:
+    """Whether the graph ``gm`` draws from a generator (an op tagged ``nondeterministic_seeded``: rand, dropout,
+    bernoulli...); True when there is no graph to tell (a driver that traced the function itself)."""
+    if not isinstance(gm, torch.fx.GraphModule):
+        return True
+    for node in gm.graph.nodes:
+        target = single_overload(node.target) if node.op == "call_function" else None
+        if target is not None and torch.Tag.nondeterministic_seeded in target.tags:
+            return True
+    return False
+
+
 @contextlib.contextmanager
 def _rng_preserved():
-    """Restores the CPU generator and the initialised CUDA/NPU devices' generators on exit."""
+    """Restores the CPU generator and the initialised CUDA/NPU devices' generators on exit, unless the body sets
+    ``restore`` of the dict it gets to False (the captured graph draws nothing: a restore would only rewind another
+    thread's draws made meanwhile)."""
     cpu = torch.get_rng_state()
     devices = []
     for name in ("cuda", "npu"):
@@ -565,12 +582,14 @@ def _rng_preserved():
                 devices.append((mod, mod.get_rng_state_all()))
         except Exception:  # a device module that cannot answer here
             continue
+    box = {"restore": True}
     try:
-        yield
+        yield box
     finally:
-        torch.set_rng_state(cpu)
-        for mod, states in devices:
-            mod.set_rng_state_all(states)
+        if box["restore"]:
+            torch.set_rng_state(cpu)
+            for mod, states in devices:
+                mod.set_rng_state_all(states)
 
 
 def _list_outputs(gm):
@@ -675,6 +694,17 @@ def _reach(fn, add, slots, visited, functions) -> None:
         names.update(c.co_names)
         stack += [k for k in c.co_consts if isinstance(k, types.CodeType)]
 
+    def items(seq) -> bool:
+        """The modules among a list's or tuple's items (a list's item slots guarded: ``LAYERS[0] = other``)."""
+        hit = False
+        for i, v in enumerate(seq):
+            if isinstance(v, torch.nn.Module):
+                add(v)
+                if type(seq) is list:
+                    slots.append((seq, i, v))
+                hit = True
+        return hit
+
     def chains(obj, depth) -> bool:
         """Follows the code's names as attributes of ``obj``; True when a module was found."""
         attrs = _instance_dict(obj)
@@ -683,7 +713,8 @@ def _reach(fn, add, slots, visited, functions) -> None:
         hit = False
         for name in names & attrs.keys():
             value = attrs[name]
-            if add(value) or isinstance(value, torch.nn.Module) or chains(value, depth - 1):
+            if add(value) or isinstance(value, torch.nn.Module) or chains(value, depth - 1) or \
+                    (type(value) in (list, tuple) and items(value)):
                 slots.append((attrs, name, value))
                 hit = True
         return hit
@@ -697,22 +728,29 @@ def _reach(fn, add, slots, visited, functions) -> None:
             if functions > 0:
                 _reach(obj, add, slots, visited, functions - 1)
             return False
+        if isinstance(obj, types.MethodType):  # a bound method held as a value (``encode = enc.forward``)
+            hit = holder(obj.__self__)
+            if functions > 0:
+                _reach(obj.__func__, add, slots, visited, functions - 1)
+            return hit
         if isinstance(obj, (type, types.BuiltinFunctionType)) or obj is None:
             return False
         hit = chains(obj, _REACH_ATTRIBUTES)
         if isinstance(obj, types.ModuleType):  # a Python module: only the names the code uses
             return hit
         attrs = _instance_dict(obj)
-        items = attrs if attrs is not None else obj if type(obj) is dict else None
-        if items is not None:
-            for k, v in items.items():
+        members = attrs if attrs is not None else obj if type(obj) is dict else None
+        if members is not None:
+            for k, v in members.items():
                 if isinstance(v, torch.nn.Module):
                     add(v)
-                    slots.append((items, k, v))
+                    slots.append((members, k, v))
+                    hit = True
+                elif type(v) in (list, tuple) and items(v):  # a list of modules one level down (pipe.blocks)
+                    slots.append((members, k, v))
                     hit = True
         elif type(obj) in (list, tuple):
-            for v in obj:
-                hit = add(v) or isinstance(v, torch.nn.Module) or hit
+            hit = items(obj) or hit
         return hit
 
     if self_obj is not None:

@@ -249,3 +249,87 @@ def test_constants_an_entry_owns_are_still_its_memory():
     with torch.no_grad():
         r(torch.randn(2, 4))
     assert r.stats.graph_memory_bytes == 4096
+
+
+def test_capture_of_a_function_that_draws_nothing_leaves_other_threads_draws_alone():
+    """The generators are put back only when the captured graph draws: a capture of a deterministic function while
+    another thread draws from the global generator must not rewind it (that thread would see its numbers again)."""
+    import threading
+    import time
+
+    draws, stop = [], threading.Event()
+
+    def drawer():
+        while not stop.is_set():
+            draws.append(torch.rand(1, dtype=torch.float64).item())
+            time.sleep(0)
+
+    t = threading.Thread(target=drawer, daemon=True)
+    t.start()
+    try:
+        time.sleep(0.05)
+        with torch.no_grad():
+            for n in range(5):  # five captures
+                GraphRunner(lambda x: torch.nn.functional.gelu(x, approximate="tanh") * 2)(torch.randn(4 + n, 64))
+        time.sleep(0.05)
+    finally:
+        stop.set()
+        t.join()
+    assert len(draws) > 100 and len(set(draws)) == len(draws)
+
+
+def test_draws_random_reads_the_graph():
+    from fusegraph.graph.runner import _draws_random
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x = torch.randn(3)
+    assert not _draws_random(make_fx(lambda t: t * 2)(x))
+    assert _draws_random(make_fx(lambda t: t + torch.rand(3))(x))
+    assert _draws_random(make_fx(lambda t: torch.nn.functional.dropout(t, 0.5, training=True))(x))
+    assert _draws_random(None)  # no graph to tell: restore
+
+
+_LAYERS = [torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)]
+
+
+class _Holder:
+    def __init__(self):
+        self.blocks = [torch.nn.Linear(8, 8)]
+
+
+_HOLDER = _Holder()
+_ENC = torch.nn.Linear(8, 8)
+_ENCODE = _ENC.forward  # a bound method held as a global
+
+
+def _list_step(x):
+    for layer in _LAYERS:
+        x = layer(x)
+    return x
+
+
+def _attr_list_step(x):
+    return _HOLDER.blocks[0](x)
+
+
+def _bound_step(x):
+    return _ENCODE(x) + 1
+
+
+@pytest.mark.parametrize("case", ["global list item", "list attribute", "global bound method"])
+def test_modules_in_lists_and_behind_bound_methods_are_guarded(case):
+    fn = {"global list item": _list_step, "list attribute": _attr_list_step, "global bound method": _bound_step}[case]
+    x = torch.randn(4, 8)
+    r = GraphRunner(fn)
+    with torch.no_grad():
+        r(x)
+        r(x)
+        assert r.stats.weight_invalidations == 0  # steady: no spurious drop
+        if case == "global list item":
+            _LAYERS[0] = torch.nn.Linear(8, 8)
+        elif case == "list attribute":
+            _HOLDER.blocks[0].weight = torch.nn.Parameter(torch.randn(8, 8))
+        else:
+            _ENC.weight = torch.nn.Parameter(torch.randn(8, 8))
+        torch.testing.assert_close(r(x), fn(x), rtol=0, atol=0)
+    assert r.stats.weight_invalidations == 1
