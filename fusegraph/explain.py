@@ -365,9 +365,6 @@ def _reason(family: str, anchor: torch.fx.Node, pm) -> str:
     was refused says by what. Otherwise the form that matched the most ops and got as far as the anchor (or
     was stopped by an op of the site shared with other code) says where it failed. Otherwise no registered
     form ends there."""
-    if any(c.modulates_rms for c in BY_NAME[family].candidates) and _anchors.runtime_eps_rms_norm(anchor):
-        return (f"the RMSNorm it modulates is unfused (its rms_norm row says why): the {family} forms start at a "
-                f"fused rms_norm (this one's eps is read at run time, a 0-d tensor input under dynamic=True)")
     nearby = _nearby(anchor)
     site = nearby + [a for a in anchor.all_input_nodes if a.op == "call_function"]
     best = None  # (score, node, entry, failed, blocker)
@@ -582,7 +579,7 @@ def explain(model_or_fn, *args, config=None, dynamic=None, **kwargs) -> ExplainR
     reports, per pattern family, the fused sites, the candidates left unfused with a reason, and the graph
     breaks. ``config``: a CompilationConfig, a dict of overrides or None (``inductor=False``: the same fusion
     passes without Inductor's codegen). ``dynamic``: ``torch.compile``'s (True: symbolic sizes from the first
-    call, and Python floats of modules as inputs; the sites that costs are listed with that reason).
+    call, and Python floats of modules as inputs: a norm's eps read at run time fuses as a number does).
 
     Dynamo is reset before and after, so no compiled state is left behind; the model is not modified
     (it is wrapped, not compiled in place). Not thread-safe: one explain runs at a time per process."""

@@ -101,22 +101,6 @@ def is_mean_of_square(node) -> bool:
         (is_op(src, aten.mul.Tensor) and src.args[0] is src.args[1])
 
 
-def runtime_eps_rms_norm(node) -> bool:
-    """``node`` is an unfused RMSNorm's ``mean(x²)`` whose eps is read at run time: the mean added to a 0-d float
-    tensor (as Dynamo passes a module's Python float under ``dynamic=True``). The rms_norm family fuses such norms
-    (the ``eps_tensor`` overloads); one still here was left (the family off, or its check refused it), and the
-    modulation families, which start at a fused norm, say so."""
-    if not is_mean_of_square(node):
-        return False
-    for user in node.users:
-        if is_op(user, aten.add.Tensor):
-            eps = next((a for a in user.args[:2] if a is not node), None)
-            val = eps.meta.get("val") if isinstance(eps, torch.fx.Node) else None
-            if isinstance(val, torch.Tensor) and val.dim() == 0 and val.dtype.is_floating_point:
-                return True
-    return False
-
-
 def layer_norm_label(node) -> Optional[str]:
     if is_op(node, aten.var_mean.correction):
         return "var_mean"

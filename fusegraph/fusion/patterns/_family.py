@@ -33,9 +33,6 @@ class Candidate:
     # node -> the nodes whose source line, when it is another family's candidate's line, make this candidate that
     # op's inside (a LayerNorm's affine step, GELU's polynomial) and no site; None: always a site
     inner: Optional[Callable] = None
-    # the anchor may be an unfused RMSNorm whose eps is read at run time (``_anchors.runtime_eps_rms_norm``), whose
-    # modulation this family would fuse: explain says so
-    modulates_rms: bool = False
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ def rms(x, eps, cd):
     return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + _eps(eps, cd))
 
 
-def adaln(out_dtype, x, scale, shift, eps=1e-6, weight=None, bias=None, *, out_dtype_arg=None, norm="layer"):
+def adaln(out_dtype, x, scale, shift=None, eps=1e-6, weight=None, bias=None, *, out_dtype_arg=None, norm="layer"):
     """``fusegraph.adaln`` (the op of the adaln, adaln_rms and adaln_noshift families)."""
     cd = compute_dtype(x, scale, shift, weight, bias, out_dtype)
     if norm == "rms":

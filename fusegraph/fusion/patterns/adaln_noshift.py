@@ -278,12 +278,9 @@ def _claims(node) -> bool:
 
 
 def _anchor(node):
-    """A LayerNorm or a fused RMSNorm followed by ``* (1 + scale)`` with no shift; also an RMSNorm with a run-time eps
-    (under ``dynamic=True``) left unfused, whose modulation cannot fuse either."""
+    """A LayerNorm or a fused RMSNorm followed by ``* (1 + scale)`` with no shift."""
     if _anchors.is_fused_rms_norm(node):
         label = "fusegraph.rms_norm"
-    elif _anchors.runtime_eps_rms_norm(node):
-        label = "mean(x²)"
     else:
         label = _anchors.layer_norm_label(node)
     return label if label is not None and _anchors.modulation(node) == "noshift" else None
@@ -292,4 +289,4 @@ def _anchor(node):
 FAMILY = Family("adaln_noshift", "enable_adalayernorm", register, ops=("adaln.default", "adaln.eps_tensor"),
                 claims=_claims, lowerings={"adaln.default": lower, "adaln.eps_tensor": lower},
                 calibration=adaln_site(norm="layer", shift=False),
-                row_wise=True, candidates=(Candidate(_anchor, modulates_rms=True),), forms=RMS_FORMS + LN_FORMS)
+                row_wise=True, candidates=(Candidate(_anchor),), forms=RMS_FORMS + LN_FORMS)

@@ -430,16 +430,13 @@ def _claims(node) -> bool:
 
 def _anchor(node):
     """A fused RMSNorm followed by ``* (1 + scale) + shift``. (An RMSNorm still unfused is the rms_norm
-    family's candidate: this family starts at the fused op; but one with a run-time eps, under ``dynamic=True``,
-    left unfused is this family's candidate too: its modulation cannot fuse either.)"""
+    family's candidate: this family starts at the fused op.)"""
     if _anchors.modulation(node) != "shift":
         return None
-    if _anchors.is_fused_rms_norm(node):
-        return "fusegraph.rms_norm"
-    return "mean(x²)" if _anchors.runtime_eps_rms_norm(node) else None
+    return "fusegraph.rms_norm" if _anchors.is_fused_rms_norm(node) else None
 
 
 FAMILY = Family("adaln_rms", "enable_adalayernorm", register, ops=("adaln.default", "adaln.eps_tensor"),
                 claims=_claims, lowerings={"adaln.default": lower, "adaln.eps_tensor": lower},
                 calibration=adaln_site(norm="rms", shift=True),
-                row_wise=True, candidates=(Candidate(_anchor, modulates_rms=True),), forms=FORMS)
+                row_wise=True, candidates=(Candidate(_anchor),), forms=FORMS)
