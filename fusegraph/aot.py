@@ -59,7 +59,8 @@ def package(model: Union[torch.nn.Module, "torch.export.ExportedProgram"], args:
     ``path`` (a ``.pt2`` file); returns ``path``.
 
     ``config``: a ``CompilationConfig``, a dict of its fields, or None (the defaults); its fusion settings and
-    ``inductor_options`` apply (``{"cpp.march": "x86-64-v3"}``: code for every AVX2 CPU rather than this one's).
+    ``inductor_options`` apply (``{"cpp.march": "x86-64-v3"}`` with ``ATEN_CPU_CAPABILITY=avx2`` in the environment: code for every AVX2 CPU
+    rather than this one's; cpp.march alone does not lower the vector ISA of Inductor's kernels).
     ``dynamic_shapes``: ``torch.export``'s (``torch.export.Dim``). ``weights``: ``"separate"`` (default) keeps the
     parameters beside the compiled code, in the package, where ``AOTModel.load_weights`` replaces them without a
     compile; ``"embedded"`` compiles them into the .so. ``stats``: a ``Stats`` that receives the fusion's counts
@@ -221,7 +222,16 @@ class AOTModel:
                 what.append(f"the model had no weights named {_some(unexpected)}")
             raise KeyError(f"fusegraph.aot: {self.path}: load_weights(strict=True) needs every weight of the package "
                            f"and only the model's: {'; '.join(what)} (strict=False loads the names it holds)")
-        constants = {name: self._weight(name, state_dict[name], state[name]) for name in names if name in state_dict}
+        # a tied weight given only under a name the package does not hold fills the held name it is tied to (torch's
+        # load_state_dict copies into the one shared tensor; its missing_keys still name the other key)
+        given = dict(state_dict)
+        tie = {n: (state.get(n) or {}).get("tied", n) for n in state}
+        for name in names:
+            if name not in given and name in tie:
+                other = next((n for n in state_dict if n not in held and tie.get(n) == tie[name]), None)
+                if other is not None:
+                    given[name] = state_dict[other]
+        constants = {name: self._weight(name, given[name], state[name]) for name in names if name in given}
         # (constants, use_inactive, check_full_update, user_managed, allow_h2d_copy): copied into the active set
         self._loader.load_constants(constants, False, False, False, False)
         return IncompatibleKeys(missing, unexpected)
@@ -370,20 +380,39 @@ _X86_64_LEVELS = (
 )
 
 
+# Inductor's CPU vector ISAs (``str(pick_vec_isa())``) as the cpuinfo flags their kernels need.
+_VEC_ISA_FLAGS = {
+    "": (),  # no vector ISA: scalar code
+    "avx2": ("avx2", "fma3"),
+    "avx512": ("avx512_f", "avx512_bw", "avx512_dq", "avx512_vl"),
+    "avx512 avx512_vnni": ("avx512_f", "avx512_bw", "avx512_dq", "avx512_vl", "avx512_vnni"),
+    "avx512 avx512_vnni amx_tile": ("avx512_f", "avx512_bw", "avx512_dq", "avx512_vl", "avx512_vnni", "amx_tile",
+                                    "amx_bf16"),
+}
+
+
 def _cpu_flags(cfg: Optional[CompilationConfig] = None) -> list:
     """The instruction sets the package's code may use, as cpuinfo names them (``at::cpu::get_cpu_capabilities``):
-    those of the x86-64 level ``cpp.march`` names when it names one (``x86-64-v3``: every AVX2 machine can load
-    the package; recording this CPU's AVX-512 and AMX would refuse them all), else this CPU's (Inductor compiles
+    those of the x86-64 level ``cpp.march`` names when it names one, with those of the vector ISA Inductor's kernels
+    are written for (``x86-64-v3`` under ``ATEN_CPU_CAPABILITY=avx2``: every AVX2 machine can load the package;
+    recording this CPU's AVX-512 and AMX would refuse them all), else this CPU's (Inductor compiles
     with ``-march=native``, or for a CPU model this code does not map: the packaging CPU stands in for it)."""
     march = (cfg.inductor_options.get("cpp.march") if cfg is not None else None) \
         or getattr(getattr(torch_inductor.config, "cpp", None), "march", None)
+    caps = cpu_capabilities()
+    own = sorted(k for k, v in caps.items() if v is True)
     flags = []
     for level, added in _X86_64_LEVELS:
         flags += added
         if march == level:
-            return sorted(flags)
-    caps = cpu_capabilities()
-    return sorted(k for k, v in caps.items() if v is True)
+            # Inductor's kernels also use the vector ISA it picks (this CPU's best, or ATEN_CPU_CAPABILITY's), which
+            # cpp.march does not lower: its flags are required too (an x86-64-v3 package with AVX-512 kernels would
+            # pass an AVX2 machine's check and die there of an illegal instruction).
+            isa = _VEC_ISA_FLAGS.get(str(torch_inductor.pick_vec_isa() or ""))
+            if isa is None:  # an ISA this code does not map: the packaging CPU's flags, as without a level
+                return own
+            return sorted(set(flags) | set(isa))
+    return own
 
 
 def _state_spec(ep) -> dict:
@@ -391,12 +420,20 @@ def _state_spec(ep) -> dict:
     constants): what ``load_weights`` checks a replacement against, and which names a ``state_dict()`` holds (a
     non-persistent buffer or a lifted constant it does not)."""
     non_persistent = set(ep.graph_signature.non_persistent_buffers)
-    spec = {}
+    spec, first = {}, {}
     for source in (ep.state_dict, ep.constants):
         for name, value in source.items():
             if isinstance(value, torch.Tensor):
                 spec[name] = {"shape": list(value.shape), "dtype": str(value.dtype).replace("torch.", ""),
                               "persistent": source is ep.state_dict and name not in non_persistent}
+                # a tied weight (one tensor under two names; the package holds one of them): "tied" names the
+                # first, so a state dict that gives it under the other name still loads it
+                key = (value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape),
+                       tuple(value.stride())) if value.device.type != "meta" else None
+                if key is not None and key in first:
+                    spec[name]["tied"] = first[key]
+                elif key is not None:
+                    first[key] = name
     return spec
 
 
@@ -442,7 +479,8 @@ def _check_files(path: str, weights: bool = True) -> None:
                 fields = line.split(" ", 2)
                 if not line.strip():
                     continue
-                if len(fields) != 3 or not fields[1].isdigit():
+                if len(fields) != 3 or not fields[1].isdigit() or \
+                        not all(c in "0123456789abcdefABCDEF" for c in fields[0]) or not fields[0]:
                     raise RuntimeError(f"fusegraph.aot.load: {path!r} is damaged: its extra/{FILES} has the line "
                                        f"{line!r}; expected 'crc32 size name'")
                 crc, size, name = int(fields[0], 16), int(fields[1]), fields[2]

@@ -22,6 +22,7 @@ __getattr__ = module_getattr(__name__, {
     "load_package": ("torch._inductor", "aoti_load_package"),
     "AOTIModelPackageLoader": ("torch._C._aoti", "AOTIModelPackageLoader"),
     "package_pt2": ("torch.export.pt2_archive._package", "package_pt2"),
+    "pick_vec_isa": ("torch._inductor.cpu_vec_isa", "pick_vec_isa"),
 })
 
 

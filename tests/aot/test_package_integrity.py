@@ -164,20 +164,28 @@ HASWELL = ["aes", "avx", "avx2", "bmi", "bmi2", "clflush", "f16c", "fma3", "lzcn
            "sse4_1", "sse4_2", "ssse3"]
 
 
-@pytest.mark.skipif(fusegraph._core.torch_dispatcher.cpu_capabilities().get("architecture") != "x86_64",
-                    reason="x86-64 levels")
-def test_march_x86_64_v3_requires_the_levels_flags_only(tmp_path):
-    """GUIDE §2.8's AVX2-fleet recipe: a package compiled for x86-64-v3 records that level's instruction sets, not the
-    packaging CPU's AVX-512 and AMX (before: every flag of this CPU, so an AVX2 machine refused the package)."""
+V3 = ["sse", "sse2", "popcnt", "sse3", "sse4_1", "sse4_2", "ssse3", "avx", "avx2", "bmi", "bmi2", "f16c", "fma3",
+      "lzcnt"]
+X86 = pytest.mark.skipif(fusegraph._core.torch_dispatcher.cpu_capabilities().get("architecture") != "x86_64",
+                         reason="x86-64 levels")
+
+
+@X86
+def test_march_x86_64_v3_requires_the_levels_flags_and_the_kernels_vector_isa(tmp_path):
+    """A package compiled for x86-64-v3 records that level's instruction sets plus those of the vector ISA Inductor
+    wrote its kernels for (this CPU's best unless ATEN_CPU_CAPABILITY lowers it: cpp.march does not), never fewer:
+    recording only the level's let an AVX-512 package pass an AVX2 machine's check (and die there of an illegal
+    instruction). Not the packaging CPU's other flags."""
+    from fusegraph._core import torch_inductor
+
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.RMSNorm(16), torch.nn.Linear(16, 16)).eval()
     path = aot.package(model, (torch.randn(2, 16),), None, str(tmp_path / "v3.pt2"),
                        config={"inductor_options": {"cpp.march": "x86-64-v3"}})
     loaded = aot.load(path)
     flags = loaded.metadata["fusegraph.cpu_flags"].split(",")
-    assert flags == sorted(["sse", "sse2", "popcnt", "sse3", "sse4_1", "sse4_2", "ssse3",
-                            "avx", "avx2", "bmi", "bmi2", "f16c", "fma3", "lzcnt"]), flags
-    assert set(flags) <= set(HASWELL)
+    isa = aot._VEC_ISA_FLAGS[str(torch_inductor.pick_vec_isa() or "")]
+    assert flags == sorted(set(V3) | set(isa)), flags
     assert loaded.record["metadata"]["fusegraph.cpu_flags"] == loaded.metadata["fusegraph.cpu_flags"]
     x = torch.randn(5, 16)[:2]
     with torch.no_grad():
@@ -185,7 +193,25 @@ def test_march_x86_64_v3_requires_the_levels_flags_only(tmp_path):
     # a level this code does not map (or none): this CPU's flags, as before
     assert aot._cpu_flags(fusegraph.CompilationConfig(inductor_options={"cpp.march": "haswell"})) == \
         aot._cpu_flags(None)
-    assert aot._cpu_flags(fusegraph.CompilationConfig(inductor_options={"cpp.march": "x86-64-v4"}))[-1] == "ssse3"
+
+
+@X86
+def test_the_avx2_fleet_recipe_records_only_avx2_flags():
+    """GUIDE §2.8's recipe, cpp.march x86-64-v3 with ATEN_CPU_CAPABILITY=avx2 (read at Inductor's first pick of a
+    vector ISA: a process of its own): that level's flags, all a Haswell has; x86-64-v2 with AVX2 kernels needs
+    AVX2 too."""
+    code = textwrap.dedent("""
+        import json, fusegraph
+        from fusegraph import aot
+        cfg = lambda m: fusegraph.CompilationConfig(inductor_options={"cpp.march": m})
+        print(json.dumps([aot._cpu_flags(cfg("x86-64-v3")), aot._cpu_flags(cfg("x86-64-v2"))]))
+    """)
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    v3, v2 = json.loads(run.stdout.strip().splitlines()[-1])
+    assert v3 == sorted(V3) and set(v3) <= set(HASWELL)
+    assert "avx2" in v2 and "fma3" in v2 and "bmi2" not in v2
 
 
 # ---- a damaged package -----------------------------------------------------------------------------------------
@@ -232,6 +258,8 @@ def _damaged(path: str, folder: str) -> dict:
         "record_garbage": (_rebuilt(path, tmp, replace=("extra/" + aot.RECORD, lambda b: b"{not json")),
                            "extra/" + aot.RECORD),
         "file_truncated": (data[:-10], None),
+        "manifest_bad_crc": (_rebuilt(path, tmp, replace=("extra/" + aot.FILES, lambda b: b"zzzzzzzz 12 foo\n")),
+                             "extra/" + aot.FILES),
     }
 
 
@@ -374,3 +402,33 @@ def test_the_runner_names_a_bad_file(weights_pkg, tmp_path):
     torch.save([torch.randn(3, 8), 3], tmp_path / "int.pt")
     run = _runner(weights_pkg, tmp_path / "in.pt", tmp_path / "int.pt")
     assert run.returncode == 1 and f"EXPECTED {tmp_path / 'int.pt'}: item 1 is a Int" in run.stderr, run.stderr
+
+
+class _Tied(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(16, 8)
+        self.head = torch.nn.Linear(8, 16, bias=False)
+        self.head.weight = self.emb.weight  # one tensor under two names; the package holds one
+
+    def forward(self, ids):
+        return self.head(self.emb(ids) * 2)
+
+
+def test_a_tied_weight_given_under_its_other_name_is_loaded(tmp_path):
+    """A checkpoint that stores a tied weight once, under the name the package does not hold: loaded into the held
+    one, as torch's load_state_dict copies into the shared tensor (same missing/unexpected keys as torch's)."""
+    torch.manual_seed(0)
+    model = _Tied().eval()
+    ids = torch.tensor([0, 5, 11])
+    loaded = aot.load(aot.package(model, (ids,), None, str(tmp_path / "tied.pt2")))
+    held = loaded.weight_names()
+    assert len(held) == 1
+    other = "emb.weight" if held[0] == "head.weight" else "head.weight"
+    new = {other: torch.randn(16, 8)}
+    want = model.load_state_dict(new, strict=False)
+    got = loaded.load_weights(new, strict=False)
+    assert (sorted(got.missing_keys), sorted(got.unexpected_keys)) == \
+        (sorted(want.missing_keys), sorted(want.unexpected_keys))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids), model(ids), rtol=0, atol=0)
