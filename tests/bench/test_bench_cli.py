@@ -358,13 +358,14 @@ def test_bench_real_fusegraph_variants_take_compile_options_by_name(monkeypatch)
 
     seen = []
     monkeypatch.setattr(fusegraph, "Backend", lambda config: seen.append(config) or "backend")
-    monkeypatch.setattr(torch, "compile", lambda model, backend=None, mode=None: (backend, mode))
+    monkeypatch.setattr(torch, "compile", lambda model, backend=None, mode=None, dynamic=None: (backend, mode, dynamic))
     model = torch.nn.Linear(2, 2)
     assert real._make_fn(model, {}, torch.float32, "fusegraph:enable_linear=True,cpp_wrapper=False,"
-                         "mode=reduce-overhead,max_autotune_gemm=False", 1) == ("backend", "reduce-overhead")
+                         "mode=reduce-overhead,max_autotune_gemm=False", 1) == ("backend", "reduce-overhead", None)
     (config,) = seen
     assert config.fusion_patterns.enable_linear is True and config.cpp_wrapper is False
     assert config.inductor_options == {"max_autotune_gemm": False}
+    assert real._make_fn(model, {}, torch.float32, "fusegraph:dynamic=True", 1) == ("backend", None, True)
     with pytest.raises(ValueError, match="unknown option 'no_such_field'"):
         real._make_fn(model, {}, torch.float32, "fusegraph:no_such_field=1", 1)
 
