@@ -66,9 +66,16 @@ def site_ok(x, w, bias=None, dtypes=(torch.float32,)) -> bool:
         return False
     if xv.device.type != "cpu" or xv.dtype not in dtypes or wv.dtype != xv.dtype:
         return False
-    if not all(gemv._plain(s) for s in (*xv.shape, *wv.shape, *wv.stride())):  # symbolic: not judged
+    if not all(gemv._plain(s) for s in (xv.shape[1], *wv.shape, *wv.stride())):  # a symbolic K or N: not judged
         return False
     (m, k), (k2, n) = xv.shape, wv.shape
+    if not gemv._plain(m):
+        # a symbolic row count (the tokens under dynamic shapes): judged at its hint, the size this compile was
+        # made for, as Inductor picks its kernels; fusegraph.linear is exact at any row count, so another size
+        # costs at most the other kernel's speed
+        m = _hint(m)
+        if m is None:
+            return False
     if m <= gemv.MAX_ROWS or k != k2 or m * k * n < MIN_MACS or tuple(wv.stride()) != (1, k):
         return False
     if bias is not None:
@@ -76,6 +83,18 @@ def site_ok(x, w, bias=None, dtypes=(torch.float32,)) -> bool:
         if not isinstance(bv, torch.Tensor) or bv.dtype != xv.dtype or tuple(bv.shape) != (n,):
             return False
     return True
+
+
+def _hint(size):
+    """The example value of a symbolic size, or None (an unbacked size has none)."""
+    try:
+        from torch.fx.experimental.symbolic_shapes import optimization_hint
+    except ImportError:  # torch <= 2.11
+        from torch.fx.experimental.symbolic_shapes import size_hint as optimization_hint
+    try:
+        return int(optimization_hint(size))
+    except Exception:
+        return None
 
 
 def register(pm, opts) -> None:
