@@ -5,6 +5,8 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "ops/cpu/dtype_dispatch.h"
@@ -26,14 +28,22 @@ constexpr int64_t kPrefetchBytes = 1024;
 // non-temporal one (prefetchnta) on the Zen 5, but on Intel cores prefetchnta fills L1 only, bypassing L2, and the
 // lines are gone before the next pass over the block reads them: on an Intel Xeon (Sapphire Rapids class, every
 // ISA class emulated there) the kernel ran at 0.3-0.9x of addmm with it and 1.0-1.7x with prefetcht0 (BENCHMARKS
-// §1.3). AMD keeps the hint it was measured with; every other x86 CPU takes T0.
+// §1.3). AMD keeps the hint it was measured with; every other x86 CPU takes T0. FUSEGRAPH_GEMV_PREFETCH=nta|t0
+// overrides the choice (read once per process): how the two hints are compared on a new machine.
 inline bool prefetch_non_temporal() {
 #if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
-  static const bool amd = [] {
+  static const bool nta = [] {
+    const char* env = std::getenv("FUSEGRAPH_GEMV_PREFETCH");
+    const std::string hint = env ? env : "";
+    if (hint == "nta") return true;
+    if (hint == "t0") return false;
+    if (!hint.empty())
+      TORCH_WARN_ONCE("FUSEGRAPH_GEMV_PREFETCH: expected 'nta' or 't0', got '", hint,
+                      "'; using the CPU's default hint");
     __builtin_cpu_init();
     return __builtin_cpu_is("amd") != 0;
   }();
-  return amd;
+  return nta;
 #else
   return false;
 #endif
