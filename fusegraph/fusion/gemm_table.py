@@ -5,8 +5,8 @@ oneDNN's 16-bit matmul in bf16/fp16) and ``fusegraph.linear`` (``fused``: oneDNN
 weight; for bf16/fp16 the operands widened to float32 a block of weight rows at a time, the same float32
 accumulation as ATen's 16-bit matmul):
 
-- float32: MKL picks its code paths by vendor and ISA; on AMD with AVX-512 its sgemm is 2.1-2.4x slower than
-  oneDNN's, on AVX2 level with it.
+- float32: MKL picks its code paths by vendor and ISA; on AMD with AVX-512 its sgemm is 1.1-2.4x slower than
+  oneDNN's, on AVX2 level with it or 1.1x slower (the microarchitecture decides).
 - bf16 / fp16: without native 16-bit dot products (AVX2, AVX-512 without AVX512-BF16) ATen's 16-bit matmul is
   2.2-17x slower than widening and running the float32 GEMM (BENCHMARKS §1.3); with them (AVX512-BF16, AMX) it
   is the faster one.
@@ -20,13 +20,16 @@ level with MKL on the plain weight).
 
 The choice comes from a table measured per CPU class (``vendor/class`` key: ``AuthenticAMD/avx2``...):
 ``measure()`` times both kernels at the published models' GEMM shapes and picks ``fused`` only where it is faster at
-every shape and by ``MARGIN`` overall. The tables of the development machines' classes (an AMD Zen 5 and an Intel
-Xeon with AMX, each measured on itself and its narrower classes emulated there) ship as ``gemm_cpu.json``;
+every shape and by ``MARGIN`` overall. The tables of the development machines' classes (an AMD Zen 5, re-checked on
+a Zen 4, and an Intel Xeon with AMX, each measured on itself and its narrower classes emulated there) ship as
+``gemm_cpu.json``; one key covers every microarchitecture of its vendor and ISA class (the Zen 4 and the Zen 5 agree
+on every many-row kernel);
 ``python -m fusegraph bench gemm --calibrate`` measures the user's own machine into the cache directory, which then
 takes precedence. An entry may carry ``decided_by``: its kernel was decided by another measurement than the
 isolated GEMMs beside it, and a later calibration written into the same table keeps that kernel:
-- on the class's real hardware where the table was emulated (AMD AVX2 float32: emulated on the Zen 5, oneDNN
-  measures 1.07-1.17x MKL; on a real AVX2-only EPYC, issue 38, 0.91-1.06x);
+- on whole models where the isolated GEMMs of one machine and another disagree (AMD AVX2 float32: oneDNN measured
+  1.07-1.17x MKL emulated on the Zen 5 and 1.01-1.24x on a Zen 4, but 0.91-1.06x on the real AVX2-only EPYC VM of
+  issue 38; whole models under the AVX2 caps on the Zen 4 ran 6-8 % faster with oneDNN's);
 - on whole models where the isolated GEMMs and the models disagree (Intel float32, every class: the table's GEMMs
   read the two kernels level, 0.96-1.07x, while FLUX.1, Wan 2.1 and SD3.5 each run 1-17 % faster with oneDNN's; a
   GEMM timed alone, over and over on one weight, is not what it is inside a model; and Intel bf16 with AVX512-BF16
@@ -37,9 +40,8 @@ A second choice per class and dtype is for linears of a few rows (a decode step'
 calls, decided per row count measured (``GEMV_ROWS``: a site of M rows takes the verdict of the smallest measured
 count >= M) at the published widths (``GEMV_SHAPES``), by the same rule (faster at every shape and by ``MARGIN``
 overall). With AMX, ATen's bf16 matmul on 8 rows is 1.6x faster than the few-row kernel while on one row it is
-1.7x slower (BENCHMARKS §1.3). The AMD classes' tables predate these entries: theirs carry ``gemv_decided_by``,
-the few-row kernel kept at every row count as it was measured on the Zen 5 when it was built. A class with no
-few-row entry gets ``fused`` only at the dtype and row count where every class measured says so.
+1.7x slower (BENCHMARKS §1.3); on the AMD Zen 4 with AVX512-BF16, 2-8 bf16 rows are ATen's too (BENCHMARKS §1.7).
+A class with no few-row entry gets ``fused`` only at the dtype and row count where every class measured says so.
 A class no table covers gets ``aten`` for every
 dtype: eager's kernel, so never slower than eager or Inductor (which call the same kernels). The choice is read at
 compile time and never measured during a compile: the same inputs give the same outputs from the first call.
