@@ -97,3 +97,37 @@ for dt in (torch.float32, torch.bfloat16, torch.float16):
                                    **({"rtol": 1e-5, "atol": 1e-5} if dt == torch.float32 else {}))
 print(fusegraph._C.cpu_capability())
 """)
+
+
+def test_every_prefetch_hint_gives_the_same_bits():
+    """FUSEGRAPH_GEMV_PREFETCH picks the prefetch instruction the few-row kernel issues (read once per process): a
+    hint, never a change of result, so every choice gives the default's bits; a value it does not know warns,
+    naming the variable, and keeps the default."""
+    import os
+    import subprocess
+    import sys
+
+    script = """
+import hashlib, warnings, torch, fusegraph
+warnings.simplefilter("always")
+g = torch.Generator().manual_seed(0)
+digest = hashlib.sha256()
+for dt in (torch.float32, torch.bfloat16):
+    for m, n, k in ((1, 67, 700), (3, 40, 2048), (8, 9, 33)):
+        x, w = torch.randn(m, k, generator=g).to(dt), (torch.randn(n, k, generator=g) * k ** -0.5).to(dt)
+        digest.update(fusegraph.ops.gemv(x, w, torch.randn(n, generator=g).to(dt)).view(torch.uint8).numpy().tobytes())
+print(digest.hexdigest())
+"""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    hints = ("", "nta", "t0", "t1", "t2", "none", "bogus")
+    runs = {h: subprocess.Popen([sys.executable, "-c", script], cwd=root, text=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=dict(os.environ, FUSEGRAPH_GEMV_PREFETCH=h))
+            for h in hints}
+    out = {}
+    for h, proc in runs.items():
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, f"{h!r}: {stderr}"
+        out[h] = stdout.split()[-1]
+        if h == "bogus":
+            assert "FUSEGRAPH_GEMV_PREFETCH" in stderr and "'bogus'" in stderr, stderr
+    assert len(set(out.values())) == 1, out

@@ -6,6 +6,9 @@
 
 #include <algorithm>
 #include <cstdlib>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #include <string>
 #include <vector>
 
@@ -24,38 +27,49 @@ constexpr int64_t kRowsX = 2;  // x rows per pass
 // this project's AMD Zen 5: ~11 GB/s, as addmm; 17-25 GB/s with it; 2 KiB and 4 KiB ahead were slower again).
 constexpr int64_t kPrefetchBytes = 1024;
 
-// Which hint the prefetch carries is the vendor's microarchitecture, not the ISA: the kernel was tuned with the
-// non-temporal one (prefetchnta) on the Zen 5, but on Intel cores prefetchnta fills L1 only, bypassing L2, and the
-// lines are gone before the next pass over the block reads them: on an Intel Xeon (Sapphire Rapids class, every
-// ISA class emulated there) the kernel ran at 0.3-0.9x of addmm with it and 1.0-1.7x with prefetcht0 (BENCHMARKS
-// §1.3). AMD keeps the hint it was measured with; every other x86 CPU takes T0. FUSEGRAPH_GEMV_PREFETCH=nta|t0
-// overrides the choice (read once per process): how the two hints are compared on a new machine.
-inline bool prefetch_non_temporal() {
+// Which hint the prefetch carries is the microarchitecture's, not the ISA's, measured on each development machine
+// (BENCHMARKS §1.3, §1.7): on Intel cores prefetchnta fills L1 only, bypassing L2, and the lines are gone before
+// the next pass over the block reads them (an Intel Xeon, Sapphire Rapids class: 0.3-0.9x of addmm with it,
+// 1.0-1.7x with prefetcht0); the kernel was tuned with prefetchnta on the Zen 5 (family 0x1A); on a Zen 4 (family
+// 0x19) prefetcht1, into L2, reads the weight 15-35 % faster than prefetchnta at 1-2 rows (level at 4-8). So:
+// prefetchnta on AMD family 0x1A and later, prefetcht1 on earlier AMD families, prefetcht0 elsewhere.
+// FUSEGRAPH_GEMV_PREFETCH=nta|t0|t1|t2|none overrides the choice (read once per process): how the hints are
+// compared on a new machine. Returned as __builtin_prefetch's locality (0 nta, 1 t2, 2 t1, 3 t0), or -1: none.
+inline int prefetch_hint() {
 #if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
-  static const bool nta = [] {
+  static const int hint = [] {
     const char* env = std::getenv("FUSEGRAPH_GEMV_PREFETCH");
-    const std::string hint = env ? env : "";
-    if (hint == "nta") return true;
-    if (hint == "t0") return false;
-    if (!hint.empty())
-      TORCH_WARN_ONCE("FUSEGRAPH_GEMV_PREFETCH: expected 'nta' or 't0', got '", hint,
+    const std::string h = env ? env : "";
+    if (h == "nta") return 0;
+    if (h == "t2") return 1;
+    if (h == "t1") return 2;
+    if (h == "t0") return 3;
+    if (h == "none") return -1;
+    if (!h.empty()) {
+      TORCH_WARN_ONCE("FUSEGRAPH_GEMV_PREFETCH: expected 'nta', 't0', 't1', 't2' or 'none', got '", h,
                       "'; using the CPU's default hint");
+    }
     __builtin_cpu_init();
-    return __builtin_cpu_is("amd") != 0;
+    if (__builtin_cpu_is("amd") == 0) return 3;
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) return 0;
+    const unsigned family = ((eax >> 8) & 0xF) + ((eax >> 20) & 0xFF);  // base + extended family (AMD's rule)
+    return family >= 0x1A ? 0 : 2;
   }();
-  return nta;
+  return hint;
 #else
-  return false;
+  return 3;
 #endif
 }
 
-template <bool kNta, typename T>
-inline void prefetch_ahead(const T* p) {
+template <int kHint, typename T>
+inline void prefetch_ahead(const T* p, int64_t ahead) {
 #if defined(__GNUC__) || defined(__clang__)
   // past a row's end: harmless
-  __builtin_prefetch(p + kPrefetchBytes / static_cast<int64_t>(sizeof(T)), 0, kNta ? 0 : 3);
+  if constexpr (kHint >= 0) __builtin_prefetch(p + ahead, 0, kHint);
 #else
   (void)p;
+  (void)ahead;
 #endif
 }
 
@@ -67,7 +81,7 @@ inline void prefetch_ahead(const T* p) {
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 // out[m, n0 + j] for m in [m0, m0 + MX), j in [0, NW): MX x NW float32 dot products over K.
-template <typename T, int MX, int NW, bool kNta>
+template <typename T, int MX, int NW, int kHint>
 inline void block(const float* xf, int64_t k_pad, int64_t m0, const T* w, int64_t ldw, int64_t K, int64_t n0,
                   const T* bias, T* out, int64_t ldo) {
   using IO = VecIO<T>;
@@ -75,10 +89,11 @@ inline void block(const float* xf, int64_t k_pad, int64_t m0, const T* w, int64_
   for (int r = 0; r < MX; ++r)
     for (int j = 0; j < NW; ++j) acc[r][j][0] = acc[r][j][1] = fVec(0.0f);
   const int64_t k_full = K / IO::kBlock * IO::kBlock;
+  constexpr int64_t ahead = kPrefetchBytes / static_cast<int64_t>(sizeof(T));
   for (int64_t k = 0; k < k_full; k += IO::kBlock) {
     fVec wa[NW], wb[NW];
     for (int j = 0; j < NW; ++j) {
-      prefetch_ahead<kNta>(w + (n0 + j) * ldw + k);
+      prefetch_ahead<kHint>(w + (n0 + j) * ldw + k, ahead);
       IO::load(w + (n0 + j) * ldw + k, wa[j], wb[j]);
     }
     for (int r = 0; r < MX; ++r) {
@@ -111,15 +126,15 @@ inline void block(const float* xf, int64_t k_pad, int64_t m0, const T* w, int64_
 #pragma GCC diagnostic pop
 #endif
 
-template <typename T, int NW, bool kNta>
+template <typename T, int NW, int kHint>
 inline void rows(const float* xf, int64_t k_pad, int64_t M, const T* w, int64_t ldw, int64_t K, int64_t n0,
                  const T* bias, T* out, int64_t ldo) {
   int64_t m = 0;
-  for (; m + kRowsX <= M; m += kRowsX) block<T, kRowsX, NW, kNta>(xf, k_pad, m, w, ldw, K, n0, bias, out, ldo);
-  for (; m < M; ++m) block<T, 1, NW, kNta>(xf, k_pad, m, w, ldw, K, n0, bias, out, ldo);
+  for (; m + kRowsX <= M; m += kRowsX) block<T, kRowsX, NW, kHint>(xf, k_pad, m, w, ldw, K, n0, bias, out, ldo);
+  for (; m < M; ++m) block<T, 1, NW, kHint>(xf, k_pad, m, w, ldw, K, n0, bias, out, ldo);
 }
 
-template <typename T, bool kNta>
+template <typename T, int kHint>
 void weight_blocks(const float* xf, int64_t k_pad, int64_t M, const T* w, int64_t ldw, int64_t K, int64_t N,
                    const T* b, T* o) {
   const int64_t blocks = at::divup(N, kRowsW);
@@ -129,9 +144,9 @@ void weight_blocks(const float* xf, int64_t k_pad, int64_t M, const T* w, int64_
     for (int64_t blk = b0; blk < b1; ++blk) {
       const int64_t n0 = blk * kRowsW;
       if (n0 + kRowsW <= N) {
-        rows<T, kRowsW, kNta>(xf, k_pad, M, w, ldw, K, n0, b, o, N);
+        rows<T, kRowsW, kHint>(xf, k_pad, M, w, ldw, K, n0, b, o, N);
       } else {
-        for (int64_t n = n0; n < N; ++n) rows<T, 1, kNta>(xf, k_pad, M, w, ldw, K, n, b, o, N);
+        for (int64_t n = n0; n < N; ++n) rows<T, 1, kHint>(xf, k_pad, M, w, ldw, K, n, b, o, N);
       }
     }
   });
@@ -153,12 +168,13 @@ void run(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, 
   const T* w = weight.const_data_ptr<T>();
   const T* b = bias.defined() ? bias.const_data_ptr<T>() : nullptr;
   T* o = out.mutable_data_ptr<T>();
-  if (prefetch_non_temporal()) {
-    weight_blocks<T, true>(xf, k_pad, M, w, weight.stride(0), K, N, b, o);
-  } else {
-    weight_blocks<T, false>(xf, k_pad, M, w, weight.stride(0), K, N, b, o);
-  }
-}
+  switch (prefetch_hint()) {
+    case 0: weight_blocks<T, 0>(xf, k_pad, M, w, weight.stride(0), K, N, b, o); break;
+    case 1: weight_blocks<T, 1>(xf, k_pad, M, w, weight.stride(0), K, N, b, o); break;
+    case 2: weight_blocks<T, 2>(xf, k_pad, M, w, weight.stride(0), K, N, b, o); break;
+    case 3: weight_blocks<T, 3>(xf, k_pad, M, w, weight.stride(0), K, N, b, o); break;
+    default: weight_blocks<T, -1>(xf, k_pad, M, w, weight.stride(0), K, N, b, o); break;
+  }}
 
 void gemv_kernel(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, at::Tensor& out) {
   FG_DISPATCH_FLOAT_TYPES(x.scalar_type(), "fusegraph_gemv", [&] { run<scalar_t>(x, weight, bias, out); });
