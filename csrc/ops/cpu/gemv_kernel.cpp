@@ -174,7 +174,8 @@ void run(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, 
     case 2: weight_blocks<T, 2>(xf, k_pad, M, w, weight.stride(0), K, N, b, o); break;
     case 3: weight_blocks<T, 3>(xf, k_pad, M, w, weight.stride(0), K, N, b, o); break;
     default: weight_blocks<T, -1>(xf, k_pad, M, w, weight.stride(0), K, N, b, o); break;
-  }}
+  }
+}
 
 void gemv_kernel(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, at::Tensor& out) {
   FG_DISPATCH_FLOAT_TYPES(x.scalar_type(), "fusegraph_gemv", [&] { run<scalar_t>(x, weight, bias, out); });
